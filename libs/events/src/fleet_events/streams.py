@@ -1,0 +1,61 @@
+"""What the bootstrap creates: streams, the work queue, the config KV and the object store.
+
+Plain data, so the bootstrap (fleet_mesh) and the docs test read the same definitions.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    retention: Literal["limits", "workqueue"] = "limits"
+    allow_atomic: bool = True
+    duplicate_window_s: float = 120.0
+    max_msg_size: int = 1024 * 1024
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KvSpec:
+    bucket: str
+    history: int = 1
+    max_value_size: int = 1024 * 1024
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectStoreSpec:
+    bucket: str
+    description: str = ""
+
+
+SESSIONS = StreamSpec(
+    "SESSIONS",
+    ("fleet.session.>",),
+    description="authoritative session logs: .log per session, .run.<run> per run",
+)
+SANDBOXES = StreamSpec("SANDBOXES", ("fleet.sandbox.>",), description="sandbox lifecycle")
+BUDGET = StreamSpec("BUDGET", ("fleet.budget.>",), description="ledger of each recursive tree")
+QUALITY = StreamSpec("QUALITY", ("fleet.quality.>",), description="datasets, runs, promotions")
+WORK = StreamSpec(
+    "WORK",
+    ("fleet.work.>",),
+    retention="workqueue",
+    allow_atomic=False,
+    description="turns, child runs, optimization runs: pulled by any replica",
+)
+
+EVENT_STREAMS = (SESSIONS, SANDBOXES, BUDGET, QUALITY)
+STREAMS = (*EVENT_STREAMS, WORK)
+
+CONFIG = KvSpec("fleet-config", history=16, description="runtime settings, LLM profiles, roles")
+SNAPSHOTS = KvSpec(
+    "fleet-snapshots", history=1, max_value_size=8 * 1024 * 1024, description="fold snapshots"
+)
+KV_BUCKETS = (CONFIG, SNAPSHOTS)
+
+BLOBS = ObjectStoreSpec("fleet-blobs", description="payloads over the inline limit")
+OBJECT_STORES = (BLOBS,)

@@ -1,0 +1,117 @@
+"""Create or update streams, KV buckets and the object store, idempotently.
+
+Never FastStream's `declare=True`, which overwrites a stream's config: here an existing stream
+keeps every limit an operator set (max age, max bytes, replicas...) and only the fields our
+guarantees depend on (subjects, atomic batches, dedup window, direct get) are brought in line.
+"""
+
+import logging
+from dataclasses import dataclass, replace
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    KeyValueConfig,
+    ObjectStoreConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from fleet_events import streams
+from fleet_events.streams import KvSpec, ObjectStoreSpec, StreamSpec
+
+log = logging.getLogger("fleet.bootstrap")
+
+
+@dataclass(frozen=True)
+class BootstrapReport:
+    created: tuple[str, ...]
+    updated: tuple[str, ...]
+    unchanged: tuple[str, ...]
+
+
+def stream_config(spec: StreamSpec, replicas: int) -> StreamConfig:
+    return StreamConfig(
+        name=spec.name,
+        description=spec.description,
+        subjects=list(spec.subjects),
+        retention=RetentionPolicy.WORK_QUEUE
+        if spec.retention == "workqueue"
+        else RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        duplicate_window=spec.duplicate_window_s,
+        max_msg_size=spec.max_msg_size,
+        allow_direct=True,
+        allow_atomic=spec.allow_atomic,
+    )
+
+
+async def _ensure_stream(js: JetStreamContext, spec: StreamSpec, replicas: int) -> str:
+    wanted = stream_config(spec, replicas)
+    try:
+        info = await js.stream_info(spec.name)
+    except NotFoundError:
+        await js.add_stream(wanted)
+        return "created"
+    current = info.config
+    merged = replace(
+        current,
+        subjects=sorted(set(current.subjects or []) | set(spec.subjects)),
+        allow_direct=True,
+        allow_atomic=spec.allow_atomic,
+        duplicate_window=max(current.duplicate_window or 0, spec.duplicate_window_s),
+        description=current.description or spec.description,
+    )
+    if merged == current:
+        return "unchanged"
+    await js.update_stream(merged)
+    return "updated"
+
+
+async def _ensure_kv(js: JetStreamContext, spec: KvSpec, replicas: int) -> str:
+    try:
+        await js.key_value(spec.bucket)
+        return "unchanged"
+    except BucketNotFoundError:
+        await js.create_key_value(
+            KeyValueConfig(
+                bucket=spec.bucket,
+                description=spec.description,
+                history=spec.history,
+                max_value_size=spec.max_value_size,
+                storage=StorageType.FILE,
+                replicas=replicas,
+            )
+        )
+        return "created"
+
+
+async def _ensure_object_store(js: JetStreamContext, spec: ObjectStoreSpec, replicas: int) -> str:
+    try:
+        await js.object_store(spec.bucket)
+        return "unchanged"
+    except (BucketNotFoundError, NotFoundError):
+        await js.create_object_store(
+            spec.bucket,
+            config=ObjectStoreConfig(
+                description=spec.description, storage=StorageType.FILE, replicas=replicas
+            ),
+        )
+        return "created"
+
+
+async def bootstrap(js: JetStreamContext, *, replicas: int = 1) -> BootstrapReport:
+    outcome: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": []}
+    for spec in streams.STREAMS:
+        outcome[await _ensure_stream(js, spec, replicas)].append(f"stream {spec.name}")
+    for kv in streams.KV_BUCKETS:
+        outcome[await _ensure_kv(js, kv, replicas)].append(f"kv {kv.bucket}")
+    for obj in streams.OBJECT_STORES:
+        outcome[await _ensure_object_store(js, obj, replicas)].append(f"object store {obj.bucket}")
+    report = BootstrapReport(
+        tuple(outcome["created"]), tuple(outcome["updated"]), tuple(outcome["unchanged"])
+    )
+    log.info("bootstrap done", extra={"created": report.created, "updated": report.updated})
+    return report

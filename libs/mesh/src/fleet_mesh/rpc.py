@@ -1,0 +1,125 @@
+"""Request/reply over core NATS with typed msgspec bodies and explicit, specific errors.
+
+A reply is either the handler's Struct or an error carried in headers (`Fleet-Error` code,
+body = message), so a caller always learns what was wrong, with which value, and what to do.
+"""
+
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
+
+ERROR_HEADER = "Fleet-Error"
+MAX_REQUEST_BYTES = 1024 * 1024
+
+log = logging.getLogger("fleet.rpc")
+
+
+class RpcError(Exception):
+    """Raised by a handler to answer with a clear error; `code` is a stable word."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class BadRequest(RpcError):
+    def __init__(self, message: str) -> None:
+        super().__init__("bad_request", message)
+
+
+class RemoteError(Exception):
+    """What a caller sees when the other side answered with an error."""
+
+    def __init__(self, subject: str, code: str, message: str) -> None:
+        super().__init__(f"{subject}: {code}: {message}")
+        self.subject = subject
+        self.code = code
+        self.message = message
+
+
+_encoder = msgspec.json.Encoder()
+
+
+async def serve(
+    nc: Client,
+    subject: str,
+    request_type: type[Req],
+    handler: Callable[[Req], Awaitable[Any]],
+    *,
+    queue: str = "",
+    max_bytes: int = MAX_REQUEST_BYTES,
+) -> Subscription:
+    decoder: msgspec.json.Decoder[Req] = msgspec.json.Decoder(request_type)
+
+    async def on_msg(msg: Msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            if len(msg.data) > max_bytes:
+                raise BadRequest(
+                    f"request of {len(msg.data)} bytes is over the {max_bytes}-byte limit; "
+                    "send large inputs as files through the object store"
+                )
+            try:
+                request = decoder.decode(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise BadRequest(f"malformed {request_type.__name__}: {exc}") from exc
+            reply = await handler(request)
+            await msg.respond(_encoder.encode(reply))
+        except RpcError as exc:
+            await nc.publish(msg.reply, exc.message.encode(), headers={ERROR_HEADER: exc.code})
+        except Exception as exc:
+            log.exception("handler failed", extra={"subject": subject})
+            await nc.publish(
+                msg.reply,
+                f"internal error ({type(exc).__name__}); the request may be retried".encode(),
+                headers={ERROR_HEADER: "internal"},
+            )
+
+    return await nc.subscribe(subject, queue=queue, cb=on_msg)
+
+
+async def call(
+    nc: Client,
+    subject: str,
+    request: Any,
+    reply_type: type[Rep],
+    *,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> Rep:
+    """One request; raises `RemoteError` for an error reply and nats' TimeoutError on silence."""
+    msg = await nc.request(subject, _encoder.encode(request), timeout=timeout, headers=headers)
+    if msg.headers and ERROR_HEADER in msg.headers:
+        raise RemoteError(subject, msg.headers[ERROR_HEADER], msg.data.decode(errors="replace"))
+    return msgspec.json.decode(msg.data, type=reply_type)
+
+
+class ReplyCache:
+    """Bounded memory of answers by request id, so a retry gets the original answer."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._capacity = capacity
+
+    def get(self, request_id: str) -> Any | None:
+        value = self._items.get(request_id)
+        if value is not None:
+            self._items.move_to_end(request_id)
+        return value
+
+    def put(self, request_id: str, reply: Any) -> None:
+        self._items[request_id] = reply
+        self._items.move_to_end(request_id)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)

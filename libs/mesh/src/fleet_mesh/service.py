@@ -1,0 +1,124 @@
+"""The common life of a service process: connect, answer ping, serve, stop on SIGTERM.
+
+Each service's `app.py` gives a `setup(ctx)` coroutine that registers its subscriptions on
+`ctx`; `run(...)` is the whole process. Nothing connects at import time.
+"""
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+
+from fleet_events import Actor, subjects
+from fleet_mesh import logs, rpc
+from fleet_mesh.connection import connect
+
+Req = TypeVar("Req")
+
+
+class Ping(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class Pong(msgspec.Struct, frozen=True, kw_only=True):
+    service: str
+    replica: str
+    pid: int
+    uptime_s: float
+    details: dict[str, Any] = {}
+
+
+@dataclass
+class ServiceContext:
+    name: str
+    replica: str
+    nc: Client
+    js: JetStreamContext
+    log: logging.Logger
+    started: float = field(default_factory=time.monotonic)
+    subscriptions: list[Subscription] = field(default_factory=list)
+    on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    ping_details: Callable[[], dict[str, Any]] = field(default=dict)
+
+    @property
+    def actor(self) -> Actor:
+        return Actor(service=self.name, replica=self.replica)
+
+    async def serve(
+        self,
+        subject: str,
+        request_type: type[Req],
+        handler: Callable[[Req], Awaitable[Any]],
+        *,
+        queue: str | None = None,
+    ) -> None:
+        """Serve `subject` in this service's queue group: one replica answers each request."""
+        sub = await rpc.serve(
+            self.nc, subject, request_type, handler, queue=self.name if queue is None else queue
+        )
+        self.subscriptions.append(sub)
+
+
+def replica_id(service: str) -> str:
+    explicit = os.environ.get("FLEET_REPLICA")
+    if explicit:
+        return explicit
+    return f"{socket.gethostname()[:24]}-{os.getpid()}-{uuid.uuid4().hex[:6]}".replace(".", "-")
+
+
+async def serve_forever(
+    name: str,
+    setup: Callable[[ServiceContext], Awaitable[None]],
+    *,
+    url: str | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    replica = replica_id(name)
+    log = logs.configure(name, replica, os.environ.get("FLEET_LOG_LEVEL", "INFO"))
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    nc = await connect(url, name=f"{name}:{replica}")
+    ctx = ServiceContext(name=name, replica=replica, nc=nc, js=nc.jetstream(), log=log)
+
+    async def pong(_: Ping) -> Pong:
+        return Pong(
+            service=name,
+            replica=replica,
+            pid=os.getpid(),
+            uptime_s=round(time.monotonic() - ctx.started, 3),
+            details=ctx.ping_details(),
+        )
+
+    await ctx.serve(subjects.ping(name), Ping, pong)
+    await setup(ctx)
+    log.info("started", extra={"server": str(nc.connected_url.netloc if nc.connected_url else "")})
+    await stop.wait()
+    log.info("stopping")
+    for sub in ctx.subscriptions:
+        await sub.unsubscribe()
+    for hook in reversed(ctx.on_stop):
+        try:
+            await hook()
+        except Exception:
+            log.exception("stop hook failed")
+    await nc.drain()
+    log.info("stopped")
+
+
+def run(name: str, setup: Callable[[ServiceContext], Awaitable[None]]) -> None:
+    """The body of every service's `main()`."""
+    asyncio.run(serve_forever(name, setup))

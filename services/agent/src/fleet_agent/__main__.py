@@ -1,0 +1,3 @@
+from fleet_agent.app import main
+
+main()

@@ -1,0 +1,3 @@
+from fleet_quality.app import main
+
+main()

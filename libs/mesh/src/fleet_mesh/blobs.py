@@ -1,0 +1,64 @@
+"""The codec's blob store on a JetStream object store, scoped by tenant.
+
+Names are `<tenant>/<sha256>`, built here from a validated tenant id and a 64-hex digest, so a
+read on behalf of one tenant can never name another tenant's object.
+"""
+
+import re
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError, ObjectNotFoundError
+from nats.js.object_store import ObjectStore
+
+from fleet_events import BlobRef, check_id, streams
+from fleet_events.codec import sha256_hex
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+class BlobNotFound(LookupError):
+    pass
+
+
+class InvalidDigest(ValueError):
+    pass
+
+
+def blob_name(tenant: str, sha256: str) -> str:
+    if _DIGEST.fullmatch(sha256) is None:
+        raise InvalidDigest(
+            f"invalid blob digest {sha256[:80]!r}: expected 64 lowercase hex digits"
+        )
+    return f"{check_id('tenant', tenant)}/{sha256}"
+
+
+class JetStreamBlobs:
+    def __init__(self, store: ObjectStore) -> None:
+        self._store = store
+
+    @classmethod
+    async def open(cls, js: JetStreamContext) -> "JetStreamBlobs":
+        return cls(await js.object_store(streams.BLOBS.bucket))
+
+    async def put(self, tenant: str, data: bytes) -> BlobRef:
+        digest = sha256_hex(data)
+        name = blob_name(tenant, digest)
+        try:
+            info = await self._store.get_info(name)
+            exists = info.size == len(data) and not info.deleted
+        except (NotFoundError, ObjectNotFoundError):
+            exists = False
+        if not exists:
+            await self._store.put(name, data)
+        return BlobRef(object=name, sha256=digest, size=len(data))
+
+    async def get(self, tenant: str, sha256: str) -> bytes:
+        name = blob_name(tenant, sha256)
+        try:
+            result = await self._store.get(name)
+        except (NotFoundError, ObjectNotFoundError) as exc:
+            raise BlobNotFound(f"no blob {sha256} for tenant {tenant}") from exc
+        data = result.data or b""
+        if sha256_hex(data) != sha256:
+            raise BlobNotFound(f"blob {name} is corrupt: its bytes do not match its digest")
+        return data

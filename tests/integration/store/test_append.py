@@ -1,0 +1,115 @@
+"""Appends: optimistic concurrency, dedup with the lost-ack read-back, atomic batches."""
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from fleet_events.session import SessionCreated, TurnRequested
+from fleet_mesh.store import EMPTY, AppendConflict, EventStore, Head
+
+from .conftest import envelope
+
+
+async def test_twenty_concurrent_appends_at_one_sequence_exactly_one_wins(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    first = await store.append(subject, envelope(SessionCreated(title="race")), expect=EMPTY)
+    racers = [envelope(TurnRequested(message=f"writer {i}")) for i in range(20)]
+
+    results = await asyncio.gather(
+        *(store.append(subject, e, expect=first.head) for e in racers), return_exceptions=True
+    )
+
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    conflicts = [r for r in results if isinstance(r, AppendConflict)]
+    assert len(winners) == 1
+    assert len(conflicts) == 19
+    events = [e async for e in store.replay(subject)]
+    assert len(events) == 2
+    assert events[1].prev_hash == first.hash  # the chain did not fork
+    assert events[1].envelope.id in {e.id for e in racers}
+
+
+async def test_the_same_event_id_is_stored_once(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    event = envelope(SessionCreated(title="once"))
+    first = await store.append(subject, event, expect=EMPTY)
+    again = await store.append(subject, event)  # expect = current head: passes the seq check
+
+    assert again.duplicate
+    assert again.seq == first.seq
+    assert [e.envelope.id async for e in store.replay(subject)] == [event.id]
+
+
+async def test_a_retry_after_a_lost_ack_is_recognised_by_read_back_not_a_conflict(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    event = envelope(SessionCreated(title="lost ack"))
+    stored = await store.append(subject, event, expect=EMPTY)
+    # The writer never saw that ack, so it retries with the head it had before: the server
+    # answers "wrong last sequence" (sequence check runs before dedup).
+    retried = await store.append(subject, event, expect=EMPTY)
+
+    assert retried.duplicate
+    assert (retried.seq, retried.hash) == (stored.seq, stored.hash)
+    other = envelope(SessionCreated(title="someone else"))
+    with pytest.raises(AppendConflict, match="expected last sequence 0"):
+        await store.append(subject, other, expect=EMPTY)
+    assert len([e async for e in store.replay(subject)]) == 1
+
+
+async def test_a_conflicting_batch_stores_nothing(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    head = (await store.append(subject, envelope(SessionCreated()), expect=EMPTY)).head
+    await store.append(subject, envelope(TurnRequested(message="moves the head")), expect=head)
+
+    batch = [envelope(TurnRequested(message=f"b{i}")) for i in range(5)]
+    with pytest.raises(AppendConflict):
+        await store.append_batch(subject, batch, expect=head)
+
+    stored = [e.envelope.id async for e in store.replay(subject)]
+    assert len(stored) == 2
+    assert not {e.id for e in batch} & set(stored)
+
+
+async def test_a_committed_batch_is_contiguous_despite_concurrent_writers(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject, noise = fresh_subject(), fresh_subject()
+    batch = [envelope(TurnRequested(message=f"b{i}")) for i in range(8)]
+
+    async def chatter() -> None:
+        head = EMPTY
+        for i in range(30):
+            head = (
+                await store.append(noise, envelope(TurnRequested(message=str(i))), expect=head)
+            ).head
+
+    appended, _ = await asyncio.gather(store.append_batch(subject, batch, expect=EMPTY), chatter())
+
+    seqs = [a.seq for a in appended]
+    assert seqs == list(range(seqs[0], seqs[0] + len(batch)))
+    replayed = [e async for e in store.replay(subject)]
+    assert [e.envelope.id for e in replayed] == [e.id for e in batch]
+    assert [e.seq for e in replayed] == seqs
+    assert (await store.head(subject)) == Head(seqs[-1], appended[-1].hash)
+    assert (await store.verify(subject)).ok
+
+
+async def test_a_retried_batch_after_a_lost_ack_is_a_duplicate(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    batch = [envelope(TurnRequested(message=f"b{i}")) for i in range(3)]
+    first = await store.append_batch(subject, batch, expect=EMPTY)
+    again = await store.append_batch(subject, batch, expect=EMPTY)
+    assert all(a.duplicate for a in again)
+    assert [a.seq for a in again] == [a.seq for a in first]
+    assert len([e async for e in store.replay(subject)]) == 3

@@ -1,0 +1,3 @@
+from fleet_gateway.app import main
+
+main()

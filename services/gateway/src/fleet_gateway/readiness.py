@@ -1,0 +1,109 @@
+"""What `/ready` reports: NATS, every stream, KV bucket and object store, every service's ping.
+
+All probes run concurrently, each under its own short deadline, so a dead service costs one
+timeout and cannot hold the answer hostage.
+"""
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Literal
+
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel
+
+from fleet_events import streams, subjects
+from fleet_mesh import rpc
+from fleet_mesh.service import Ping, Pong
+
+State = Literal["up", "down"]
+Kind = Literal["nats", "stream", "kv", "object_store", "service"]
+
+
+class Component(BaseModel):
+    name: str
+    kind: Kind
+    state: State
+    detail: str = ""
+    replica: str | None = None
+    latency_ms: float | None = None
+
+
+class Readiness(BaseModel):
+    ready: bool
+    components: list[Component]
+
+
+def _stores() -> list[tuple[str, Kind, str]]:
+    """(name shown, kind, the JetStream stream that backs it)."""
+    found: list[tuple[str, Kind, str]] = [(s.name, "stream", s.name) for s in streams.STREAMS]
+    found += [(kv.bucket, "kv", f"KV_{kv.bucket}") for kv in streams.KV_BUCKETS]
+    found += [(obj.bucket, "object_store", f"OBJ_{obj.bucket}") for obj in streams.OBJECT_STORES]
+    return found
+
+
+async def _store(nc: Client, name: str, kind: Kind, stream: str, timeout: float) -> Component:
+    try:
+        await nc.jetstream(timeout=timeout).stream_info(stream)
+    except NotFoundError:
+        return Component(name=name, kind=kind, state="down", detail="missing: run the bootstrap")
+    except (TimeoutError, NatsError) as exc:  # includes timeouts and a reconnecting client
+        return Component(name=name, kind=kind, state="down", detail=type(exc).__name__)
+    return Component(name=name, kind=kind, state="up")
+
+
+async def _service(nc: Client, service: str, timeout: float) -> Component:
+    started = time.perf_counter()
+    try:
+        pong = await rpc.call(nc, subjects.ping(service), Ping(), Pong, timeout=timeout)
+    except NoRespondersError:
+        return Component(name=service, kind="service", state="down", detail="no replica running")
+    except TimeoutError:  # nats' own TimeoutError subclasses the builtin one
+        return Component(
+            name=service, kind="service", state="down", detail=f"no answer within {timeout}s"
+        )
+    except (rpc.RemoteError, NatsError) as exc:
+        return Component(name=service, kind="service", state="down", detail=str(exc))
+    return Component(
+        name=service,
+        kind="service",
+        state="up",
+        replica=pong.replica,
+        latency_ms=round((time.perf_counter() - started) * 1000, 2),
+    )
+
+
+def _nats(nc: Client | None) -> Component:
+    if nc is None or not nc.is_connected:
+        return Component(name="nats", kind="nats", state="down", detail="not connected")
+    version = nc.connected_server_version
+    url = nc.connected_url.netloc if nc.connected_url else ""
+    return Component(
+        name="nats",
+        kind="nats",
+        state="up",
+        detail=f"server {version.major}.{version.minor}.{version.patch} at {url}",
+    )
+
+
+async def check(nc: Client | None, services: tuple[str, ...], timeout: float) -> Readiness:
+    nats = _nats(nc)
+    if nc is None or nats.state == "down":
+        others = [
+            Component(name=name, kind=kind, state="down", detail="nats down")
+            for name, kind, _ in _stores()
+        ]
+        others += [
+            Component(name=s, kind="service", state="down", detail="nats down") for s in services
+        ]
+        return Readiness(ready=False, components=[nats, *others])
+    probes: list[Awaitable[Component]] = [
+        _store(nc, name, kind, stream, timeout) for name, kind, stream in _stores()
+    ]
+    probes += [_service(nc, service, timeout) for service in services]
+    results = await asyncio.gather(*probes)
+    components = [nats, *results]
+    return Readiness(ready=all(c.state == "up" for c in components), components=components)

@@ -1,0 +1,29 @@
+"""The gateway as a real process: HTTP on its port, ping on the bus, clean exit on SIGTERM."""
+
+import httpx
+from nats.aio.client import Client
+
+from fleet_events import subjects
+from fleet_harness.procs import Launcher
+from fleet_harness.waits import eventually
+from fleet_mesh import rpc
+from fleet_mesh.natsserver import free_port
+from fleet_mesh.service import Ping, Pong
+
+
+async def test_gateway_process_serves_health_answers_ping_and_stops_on_sigterm(
+    nc: Client, launcher: Launcher
+) -> None:
+    port = free_port()
+    (replica,) = launcher.start("gateway", env={"FLEET_GATEWAY_PORT": str(port)})
+
+    async def health() -> bool:
+        async with httpx.AsyncClient() as client:
+            return (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200
+
+    await eventually(health, timeout=30, what="gateway /health")
+    pong = await rpc.call(nc, subjects.ping("gateway"), Ping(), Pong, timeout=2)
+    assert pong.pid == replica.pid
+    assert pong.replica == "gateway-0"
+    assert replica.stop() == 0
+    assert '"msg": "listening"' in replica.logs()

@@ -1,0 +1,150 @@
+"""`/health` and `/ready` of the gateway app, mounted in-process against a real nats-server.
+
+The other services' pings are answered by the test itself (the same `Pong` a service gives), so
+each case controls exactly which component is up; `tests/e2e` covers the real processes.
+"""
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import httpx
+import pytest
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+
+from fleet_events import streams, subjects
+from fleet_gateway.app import create_app
+from fleet_gateway.config import GatewaySettings
+from fleet_harness.waits import eventually
+from fleet_mesh import rpc
+from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.connection import connect
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.service import Ping, Pong
+
+OTHERS = ("agent", "sandbox-broker", "budget", "quality")
+Gateway = Callable[[str], AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@pytest.fixture
+def gateway() -> Gateway:
+    @asynccontextmanager
+    async def mounted(nats_url: str) -> AsyncIterator[httpx.AsyncClient]:
+        settings = GatewaySettings(nats_url=nats_url, probe_timeout_s=0.3)
+        app = create_app(settings, replica="gateway-test")
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+                yield client
+
+    return mounted
+
+
+async def _answer_pings(nc: Client, services: tuple[str, ...]) -> list[Subscription]:
+    subs = []
+    for service in services:
+
+        async def pong(_: Ping, service: str = service) -> Pong:
+            return Pong(service=service, replica=f"{service}-fake", pid=0, uptime_s=0.0)
+
+        subs.append(await rpc.serve(nc, subjects.ping(service), Ping, pong, queue=service))
+    return subs
+
+
+def _by_name(body: dict[str, object]) -> dict[str, dict[str, object]]:
+    components = body["components"]
+    assert isinstance(components, list)
+    return {c["name"]: c for c in components}
+
+
+async def test_health_answers_while_the_process_is_alive(
+    gateway: Gateway, nats_server: NatsServer
+) -> None:
+    async with gateway(nats_server.url) as client:
+        response = await client.get("/health")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "service": "gateway", "replica": "gateway-test"}
+
+
+async def test_ready_is_200_when_nats_every_store_and_every_service_are_up(
+    gateway: Gateway, nats_server: NatsServer, nc: Client, js: JetStreamContext
+) -> None:
+    subs = await _answer_pings(nc, OTHERS)
+    try:
+        async with gateway(nats_server.url) as client:
+            response = await client.get("/ready")
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+    body = response.json()
+    assert response.status_code == 200, body
+    assert body["ready"] is True
+    components = _by_name(body)
+    expected = {"nats", *(s.name for s in streams.STREAMS), *subjects.SERVICES}
+    expected |= {kv.bucket for kv in streams.KV_BUCKETS}
+    expected |= {obj.bucket for obj in streams.OBJECT_STORES}
+    assert set(components) == expected
+    assert all(c["state"] == "up" for c in components.values())
+    assert "server 2.15.1" in str(components["nats"]["detail"])
+    assert components["gateway"]["replica"] == "gateway-test"
+    assert components["budget"]["replica"] == "budget-fake"
+    assert isinstance(components["agent"]["latency_ms"], float)
+
+
+async def test_ready_is_503_and_names_the_service_that_is_down(
+    gateway: Gateway, nats_server: NatsServer, nc: Client, js: JetStreamContext
+) -> None:
+    subs = await _answer_pings(nc, ("agent", "sandbox-broker", "budget"))
+    try:
+        async with gateway(nats_server.url) as client:
+            started = time.monotonic()
+            response = await client.get("/ready")
+            elapsed = time.monotonic() - started
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+    body = response.json()
+    assert response.status_code == 503
+    assert body["ready"] is False
+    components = _by_name(body)
+    assert components["quality"]["state"] == "down"
+    assert components["quality"]["detail"] == "no replica running"
+    assert [name for name, c in components.items() if c["state"] == "down"] == ["quality"]
+    # Probes run concurrently under one short deadline: a dead service cannot stall /ready.
+    assert elapsed < 2.0
+
+
+async def test_ready_reports_missing_stores_before_the_bootstrap_and_up_after(
+    gateway: Gateway, private_nats: NatsServer
+) -> None:
+    async with gateway(private_nats.url) as client:
+        before = _by_name((await client.get("/ready")).json())
+        nc = await connect(private_nats.url, name="test-bootstrap")
+        try:
+            await bootstrap(nc.jetstream())
+        finally:
+            await nc.close()
+        after = _by_name((await client.get("/ready")).json())
+    assert before["SESSIONS"]["state"] == "down"
+    assert before["SESSIONS"]["detail"] == "missing: run the bootstrap"
+    assert before["fleet-config"]["state"] == "down"
+    assert before["nats"]["state"] == "up"
+    assert all(after[name]["state"] == "up" for name in ("SESSIONS", "WORK", "fleet-blobs"))
+
+
+async def test_ready_reports_nats_down_when_the_server_is_gone(
+    gateway: Gateway, private_nats: NatsServer
+) -> None:
+    async with gateway(private_nats.url) as client:
+        private_nats.kill()
+
+        async def nats_down() -> httpx.Response | None:
+            response = await client.get("/ready")
+            return response if _by_name(response.json())["nats"]["state"] == "down" else None
+
+        response = await eventually(nats_down, timeout=10, what="/ready to see NATS gone")
+        assert (await client.get("/health")).status_code == 200
+    assert response.status_code == 503
+    assert _by_name(response.json())["agent"]["detail"] == "nats down"

@@ -98,6 +98,12 @@ class NatsServer:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(10)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -106,9 +112,7 @@ class NatsServer:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        self._close_log()
 
     def restart(self) -> "NatsServer":
         self.stop()

@@ -1,0 +1,182 @@
+"""Replay determinism: ordered replay == snapshot + tail == the in-memory model."""
+
+import asyncio
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleet_events import Actor, Envelope, Event, new_id, streams, utc_now
+from fleet_events.session import (
+    SessionCreated,
+    SessionRenamed,
+    TurnCompleted,
+    TurnFailed,
+    TurnRequested,
+    log_subject,
+    run_subject,
+    session_filter,
+)
+from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.connection import connect
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.store import EMPTY, EventStore, Head, StoredEvent, open_store
+
+ACTOR = Actor(service="test", replica="t-0")
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    title: str = ""
+    turns: list[str] = msgspec.field(default_factory=list)
+    completed: int = 0
+    failed: int = 0
+    subjects: list[str] = msgspec.field(default_factory=list)
+
+
+def apply(state: Summary, subject: str, data: Event) -> Summary:
+    match data:
+        case SessionCreated(title=title) | SessionRenamed(title=title):
+            state.title = title
+        case TurnRequested(message=message):
+            state.turns.append(message)
+        case TurnCompleted():
+            state.completed += 1
+        case TurnFailed():
+            state.failed += 1
+    state.subjects.append(subject.rsplit(".", 1)[-1])
+    return state
+
+
+class SummaryFold:
+    name = "test-summary"
+    state_type = Summary
+
+    def __init__(self, version: int = 1) -> None:
+        self.version = version
+
+    def initial(self) -> Summary:
+        return Summary()
+
+    def evolve(self, state: Summary, event: StoredEvent) -> Summary:
+        return apply(state, event.subject, event.envelope.data)
+
+
+events_strategy = st.lists(
+    st.tuples(
+        st.sampled_from(["log", "run"]),
+        st.one_of(
+            st.builds(SessionRenamed, title=st.text(max_size=12)),
+            st.builds(TurnRequested, message=st.text(max_size=20)),
+            st.builds(TurnCompleted, answer=st.text(max_size=8)),
+            st.builds(TurnFailed, error=st.just("boom")),
+        ),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+async def _scenario(url: str, events: list[tuple[str, Event]], cut: int) -> None:
+    nc = await connect(url)
+    try:
+        await bootstrap(nc.jetstream())
+        store = await open_store(nc.jetstream(), streams.SESSIONS)
+        session = new_id()
+        subjects = {"log": log_subject("acme", session), "run": run_subject("acme", session, "r1")}
+        heads: dict[str, Head] = {}
+        model = Summary()
+        filt = session_filter("acme", session)
+        fold = SummaryFold()
+        for index, (which, data) in enumerate(events):
+            subject = subjects[which]
+            env = Envelope(id=new_id(), tenant="acme", actor=ACTOR, ts=utc_now(), data=data)
+            heads[subject] = (
+                await store.append(subject, env, expect=heads.get(subject, EMPTY))
+            ).head
+            model = apply(model, subject, data)
+            if index + 1 == cut:
+                await store.save_snapshot(
+                    filt, fold, await store.load(filt, fold, use_snapshot=False)
+                )
+
+        full = await store.load(filt, fold, use_snapshot=False)
+        resumed = await store.load(filt, fold)
+        assert full.state == model
+        assert resumed.state == model
+        assert resumed.from_snapshot == (cut <= len(events))
+        assert resumed.replayed == len(events) - (cut if cut <= len(events) else 0)
+        assert resumed.heads == full.heads == heads
+        newer = await store.load(filt, SummaryFold(version=2))
+        assert not newer.from_snapshot
+        assert newer.replayed == len(events)
+        assert newer.state == model
+    finally:
+        await nc.close()
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(events=events_strategy, cut=st.integers(min_value=1, max_value=35))
+def test_replay_snapshot_tail_and_model_agree(
+    nats_server: NatsServer, events: list[tuple[str, Event]], cut: int
+) -> None:
+    asyncio.run(_scenario(nats_server.url, events, cut))
+
+
+async def test_replay_from_a_sequence_and_of_one_subject(store: EventStore) -> None:
+    session = new_id()
+    log, run = log_subject("acme", session), run_subject("acme", session, "r1")
+    heads = {log: EMPTY, run: EMPTY}
+    for i in range(6):
+        subject = log if i % 2 == 0 else run
+        env = Envelope(
+            id=new_id(),
+            tenant="acme",
+            actor=ACTOR,
+            ts=utc_now(),
+            data=TurnRequested(message=str(i)),
+        )
+        heads[subject] = (await store.append(subject, env, expect=heads[subject])).head
+
+    everything = [e async for e in store.replay(session_filter("acme", session))]
+    assert [e.envelope.data.message for e in everything] == [str(i) for i in range(6)]
+    only_run = [e.envelope.data.message async for e in store.replay(run)]
+    assert only_run == ["1", "3", "5"]
+    tail = [e.envelope.data.message async for e in store.replay(log, from_seq=everything[3].seq)]
+    assert tail == ["4"]
+    assert [e async for e in store.replay(log_subject("acme", new_id()))] == []
+    last = await store.last(run)
+    assert last is not None
+    assert last.envelope.data == TurnRequested(message="5")
+
+
+async def test_live_subscription_sees_the_backlog_then_new_events(store: EventStore) -> None:
+    subject = log_subject("acme", new_id())
+    head = EMPTY
+    for i in range(3):
+        env = Envelope(
+            id=new_id(),
+            tenant="acme",
+            actor=ACTOR,
+            ts=utc_now(),
+            data=TurnRequested(message=str(i)),
+        )
+        head = (await store.append(subject, env, expect=head)).head
+    seen: list[str] = []
+    live = store.subscribe(subject, from_seq=1)
+
+    async def read(n: int) -> None:
+        async for event in live:
+            seen.append(event.envelope.data.message)
+            if len(seen) == n:
+                return
+
+    await asyncio.wait_for(read(3), 10)
+    env = Envelope(
+        id=new_id(), tenant="acme", actor=ACTOR, ts=utc_now(), data=TurnRequested(message="new")
+    )
+    await store.append(subject, env, expect=head)
+    await asyncio.wait_for(read(4), 10)
+    await live.aclose()
+    assert seen == ["0", "1", "2", "new"]

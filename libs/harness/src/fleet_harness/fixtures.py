@@ -21,7 +21,9 @@ from fleet_mesh.natsserver import NatsServer
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     """Shared server for tests that do not kill it; tests isolate by unique ids."""
     root = tmp_path_factory.mktemp("nats")
-    server = NatsServer(store_dir=root / "store", log_path=root / "nats.log").start()
+    server = NatsServer(
+        store_dir=root / "store", sync_interval="2m", log_path=root / "nats.log"
+    ).start()
     yield server
     server.stop()
 

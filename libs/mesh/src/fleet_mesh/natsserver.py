@@ -41,7 +41,10 @@ def free_port() -> int:
 class NatsServer:
     store_dir: Path
     port: int = field(default_factory=free_port)
-    sync_interval: str = "2m"  # "always" for tests that kill the server and count acks
+    # "always": a single local node has no replicas to cover a crash, and nothing acknowledged
+    # may be lost (docs/architecture.md, "Durability"). Tests that never kill their server pass
+    # the server default ("2m") for speed.
+    sync_interval: str = "always"
     log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     _log_file: IO[bytes] | None = None

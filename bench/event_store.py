@@ -1,0 +1,246 @@
+"""Event store benchmark: the project's API beside raw nats-py, in one process, one server.
+
+    .venv/bin/python bench/event_store.py [--appends 2000] [--events 10000]
+
+1. Append: `EventStore.append` (encode, chain hash, optimistic concurrency, dedup id) vs raw
+   `js.publish` of pre-encoded bytes with the same headers. Goal: throughput >= 0.75x.
+2. Restore of a 10,000-event session (ordered replay + decode + fold) vs a raw ordered read of
+   the same messages with no decoding. Goal: <= 2x the raw time.
+"""
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from fleet_events import Actor, Envelope, Event, new_id, streams, utc_now
+from fleet_events.catalog import type_of
+from fleet_events.chain import HASH_HEADER, PREV_HEADER, TYPE_HEADER, link
+from fleet_events.codec import Codec
+from fleet_events.session import (
+    TurnCompleted,
+    TurnRequested,
+    log_subject,
+    run_subject,
+    session_filter,
+)
+from fleet_harness.bench import report, side_by_side
+from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.connection import connect
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.store import EMPTY, EventStore, Head, StoredEvent, open_store
+
+ACTOR = Actor(service="bench", replica="b-0")
+
+
+def envelope(data: Event, session: str) -> Envelope[Event]:
+    return Envelope(
+        id=new_id(), tenant="bench", session=session, actor=ACTOR, ts=utc_now(), data=data
+    )
+
+
+class Counts(msgspec.Struct):
+    requested: int = 0
+    completed: int = 0
+    chars: int = 0
+
+
+class CountsFold:
+    name = "bench-counts"
+    version = 1
+    state_type = Counts
+
+    def initial(self) -> Counts:
+        return Counts()
+
+    def evolve(self, state: Counts, event: StoredEvent) -> Counts:
+        data = event.envelope.data
+        if isinstance(data, TurnRequested):
+            state.requested += 1
+            state.chars += len(data.message)
+        elif isinstance(data, TurnCompleted):
+            state.completed += 1
+        return state
+
+
+async def bench_append(js: JetStreamContext, store: EventStore, samples: int) -> None:
+    session_a, session_b = new_id(), new_id()
+    ours, raw = log_subject("bench", session_a), log_subject("bench", session_b)
+    head = EMPTY
+    raw_seq = 0
+    codec = Codec()
+    template = envelope(TurnRequested(message="hello " * 20), session_b)
+    payload = codec.encode_inline(template)
+    digest = link(EMPTY.hash, payload)
+
+    async def project() -> None:
+        nonlocal head
+        event = envelope(TurnRequested(message="hello " * 20), session_a)
+        head = (await store.append(ours, event, expect=head)).head
+
+    async def baseline() -> None:
+        nonlocal raw_seq
+        headers = {
+            "Nats-Msg-Id": new_id(),
+            "Nats-Expected-Last-Subject-Sequence": str(raw_seq),
+            PREV_HEADER: EMPTY.hash,
+            HASH_HEADER: digest,
+            TYPE_HEADER: type_of(template.data),
+        }
+        ack = await js.publish(raw, payload, stream=streams.SESSIONS.name, headers=headers)
+        raw_seq = ack.seq
+
+    base, proj = await side_by_side(baseline, project, samples=samples, warmup=50)
+    report(
+        "append, one writer (latency; throughput = 1/mean)",
+        base,
+        proj,
+        goal="throughput >= 0.75x raw (ratio of p50 <= 1.33x)",
+        unit="append",
+    )
+    print(f"   throughput ratio project/raw = {base.mean_ms / proj.mean_ms:.2f}x")
+
+    # 16 concurrent writers, one subject each: throughput under pipelining
+    writers, per_writer = 16, max(50, samples // 16)
+
+    async def run_project() -> float:
+        async def writer() -> None:
+            subject, h = log_subject("bench", new_id()), EMPTY
+            for _ in range(per_writer):
+                h = (
+                    await store.append(subject, envelope(TurnRequested(message="x"), "s"), expect=h)
+                ).head
+
+        start = time.perf_counter()
+        await asyncio.gather(*(writer() for _ in range(writers)))
+        return writers * per_writer / (time.perf_counter() - start)
+
+    async def run_raw() -> float:
+        async def writer() -> None:
+            subject, seq = log_subject("bench", new_id()), 0
+            for _ in range(per_writer):
+                headers = {
+                    "Nats-Msg-Id": new_id(),
+                    "Nats-Expected-Last-Subject-Sequence": str(seq),
+                    PREV_HEADER: EMPTY.hash,
+                    HASH_HEADER: digest,
+                    TYPE_HEADER: "turn.requested",
+                }
+                seq = (
+                    await js.publish(
+                        subject, payload, stream=streams.SESSIONS.name, headers=headers
+                    )
+                ).seq
+
+        start = time.perf_counter()
+        await asyncio.gather(*(writer() for _ in range(writers)))
+        return writers * per_writer / (time.perf_counter() - start)
+
+    raw_rates, our_rates = [], []
+    for _ in range(3):
+        raw_rates.append(await run_raw())
+        our_rates.append(await run_project())
+    raw_rate, our_rate = max(raw_rates), max(our_rates)
+    print(
+        f"== append, {writers} concurrent writers\n   raw {raw_rate:,.0f}/s   project "
+        f"{our_rate:,.0f}/s   ratio {our_rate / raw_rate:.2f}x   goal: >= 0.75x"
+    )
+
+
+async def seed_session(store: EventStore, events: int) -> str:
+    session = new_id()
+    log, run = log_subject("bench", session), run_subject("bench", session, "root")
+    heads: dict[str, Head] = {log: EMPTY, run: EMPTY}
+    batch: list[tuple[str, Envelope[Event]]] = []
+    for i in range(events):
+        subject = log if i % 5 == 0 else run
+        data: Event = (
+            TurnRequested(message=f"step {i} " * 8) if i % 2 else TurnCompleted(answer="ok")
+        )
+        batch.append((subject, envelope(data, session)))
+    for subject in (log, run):
+        mine = [e for s, e in batch if s == subject]
+        for start in range(0, len(mine), 500):
+            appended = await store.append_batch(
+                subject, mine[start : start + 500], expect=heads[subject]
+            )
+            heads[subject] = appended[-1].head
+    return session
+
+
+async def bench_restore(js: JetStreamContext, store: EventStore, events: int, samples: int) -> None:
+    session = await seed_session(store, events)
+    filt = session_filter("bench", session)
+    fold = CountsFold()
+
+    async def project() -> None:
+        loaded = await store.load(filt, fold, use_snapshot=False)
+        assert loaded.replayed == events
+
+    async def baseline() -> None:
+        last = await js.get_last_msg(streams.SESSIONS.name, filt, direct=True)
+        sub = await js.subscribe(
+            filt,
+            stream=streams.SESSIONS.name,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=1),
+            idle_heartbeat=5.0,
+        )
+        count = 0
+        while True:
+            msg = await sub.next_msg(timeout=30)
+            count += 1
+            if msg.metadata.sequence.stream >= (last.seq or 0):
+                break
+        await sub.unsubscribe()
+        assert count == events
+
+    base, proj = await side_by_side(baseline, project, samples=samples, warmup=1, block=1)
+    report(
+        f"restore of a {events:,}-event session (replay + decode + fold)",
+        base,
+        proj,
+        goal="<= 2x the raw ordered read",
+        unit="restore",
+    )
+    loaded = await store.load(filt, fold, use_snapshot=False)
+    await store.save_snapshot(filt, fold, loaded)
+    start = time.perf_counter()
+    again = await store.load(filt, fold)
+    print(
+        f"   from snapshot + empty tail: {(time.perf_counter() - start) * 1000:.2f} ms "
+        f"(from_snapshot={again.from_snapshot})"
+    )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--appends", type=int, default=2000)
+    parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--restores", type=int, default=9)
+    parser.add_argument("--sync", default="always", help="nats-server sync_interval")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = NatsServer(store_dir=Path(tmp) / "store", sync_interval=args.sync).start()
+        try:
+            nc = await connect(server.url)
+            js = nc.jetstream()
+            await bootstrap(js)
+            store = await open_store(js, streams.SESSIONS)
+            print(
+                f"nats-server {nc.connected_server_version} (sync_interval {server.sync_interval})"
+            )
+            await bench_append(js, store, args.appends)
+            await bench_restore(js, store, args.events, args.restores)
+            await nc.close()
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,3 @@
+from fleet_budget.app import main
+
+main()

@@ -38,3 +38,51 @@ def type_of(event: Event) -> str:
     tag = type(event).__struct_config__.tag
     assert isinstance(tag, str)
     return tag
+
+
+def _context(cls: type[Event]) -> str:
+    return cls.__module__.rsplit(".", 1)[-1]
+
+
+def _summary(cls: type[Event]) -> str:
+    doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(doc.split()).replace("|", "\\|")
+
+
+def _fields(cls: type[Event]) -> str:
+    names = cls.__struct_fields__
+    defaults = dict(
+        zip(
+            names[len(names) - len(cls.__struct_defaults__) :], cls.__struct_defaults__, strict=True
+        )
+    )
+    shown = [f"{name}?" if name in defaults else name for name in names]
+    return ", ".join(shown) or "—"
+
+
+def catalog_markdown() -> str:
+    """The event catalog table of docs/architecture.md (a test keeps the doc in step)."""
+    rows = [
+        "| context | type (wire tag) | class | fields (? = defaulted) | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for cls in ALL_EVENTS:
+        cells = [
+            _context(cls),
+            f"`{type_of_class(cls)}`",
+            f"`{cls.__name__}`",
+            _fields(cls),
+            _summary(cls),
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def type_of_class(cls: type[Event]) -> str:
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+if __name__ == "__main__":
+    print(catalog_markdown())

@@ -8,6 +8,8 @@ from fleet_events.envelope import Event
 
 
 class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
+    """A run (chat agent or RLM, root or child) began within a budget tree."""
+
     kind: str
     tree: str
     depth: int = 0
@@ -15,6 +17,8 @@ class RunStarted(Event, frozen=True, kw_only=True, tag="run.started"):
 
 
 class CellExecuted(Event, frozen=True, kw_only=True, tag="run.cell_executed"):
+    """One code cell ran in the run's sandbox context."""
+
     code: str
     stdout: str = ""
     error: str = ""
@@ -22,6 +26,8 @@ class CellExecuted(Event, frozen=True, kw_only=True, tag="run.cell_executed"):
 
 
 class LlmCalled(Event, frozen=True, kw_only=True, tag="run.llm_called"):
+    """One LM call of the run, with role, model, tokens, cost and latency."""
+
     role: str
     model: str
     prompt_tokens: int = 0
@@ -31,21 +37,29 @@ class LlmCalled(Event, frozen=True, kw_only=True, tag="run.llm_called"):
 
 
 class ChildRunRequested(Event, frozen=True, kw_only=True, tag="run.child_requested"):
+    """`sub_rlm` asked for a child run."""
+
     child_run: str
     task: str
 
 
 class ChildRunCompleted(Event, frozen=True, kw_only=True, tag="run.child_completed"):
+    """A child run's answer, with the head hash of the child's chain."""
+
     child_run: str
     answer: str
     child_head_hash: str
 
 
 class RunCompleted(Event, frozen=True, kw_only=True, tag="run.completed"):
+    """The run's final answer (SUBMIT)."""
+
     answer: str
 
 
 class RunFailed(Event, frozen=True, kw_only=True, tag="run.failed"):
+    """The run ended in an error."""
+
     error: str
 
 

@@ -1,11 +1,285 @@
-"""Sandbox context: lifecycle of every sandbox (`fleet.sandbox.<tenant>.<sandbox>`)."""
+"""Sandbox context: lifecycle events (`fleet.sandbox.<tenant>.<sandbox>`) and the broker's bus API.
 
-from fleet_events.envelope import Event
+Requests that create a sandbox go to the broker's queue group (`fleet.rpc.sandbox-broker.<verb>`);
+every later request about one sandbox goes to `fleet.rpc.sandbox-broker.sandbox.<sandbox>.<verb>`,
+which only the replica holding that sandbox's processes subscribes to. Tool callbacks from
+sandbox code go to the owning interpreter's inbox, `fleet.callback.<interpreter>`.
+
+Every request carries a `request_id`: a retry gets the original answer. The wire types live
+here because both the broker and the agent speak them and services never import each other.
+"""
+
+from typing import Any, Literal
+
+import msgspec
+
+from fleet_events.envelope import BlobRef, Event
 from fleet_events.ids import check_id
+
+BROKER = "sandbox-broker"
 
 
 def sandbox_subject(tenant: str, sandbox: str) -> str:
     return f"fleet.sandbox.{check_id('tenant', tenant)}.{check_id('sandbox', sandbox)}"
 
 
-EVENTS: tuple[type[Event], ...] = ()
+def tenant_filter(tenant: str) -> str:
+    return f"fleet.sandbox.{check_id('tenant', tenant)}.*"
+
+
+def broker_rpc(verb: str) -> str:
+    """Queue-group verbs any replica answers: create, list, build_child."""
+    return f"fleet.rpc.{BROKER}.{check_id('verb', verb)}"
+
+
+def sandbox_rpc(sandbox: str, verb: str) -> str:
+    """Verbs about one sandbox, answered by the replica that holds it."""
+    return f"fleet.rpc.{BROKER}.sandbox.{check_id('sandbox', sandbox)}.{check_id('verb', verb)}"
+
+
+def sandbox_rpc_wildcard(sandbox: str) -> str:
+    return f"fleet.rpc.{BROKER}.sandbox.{check_id('sandbox', sandbox)}.*"
+
+
+# -- capabilities and limits ---------------------------------------------------------------
+
+
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a provider can honestly do; the isolation policy reads these, never the name."""
+
+    fork: bool
+    fork_keeps_repl_memory: bool
+    durable_volumes: bool
+    network_isolation: bool
+    archive: bool
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    memory_mb: int = 1024
+    cpu_s_per_cell: int = 60
+    cpu_s_total: int = 3600
+    nproc: int = 64
+    file_mb: int = 1024
+    open_files: int = 256
+    wall_s: float = 120.0
+
+
+# -- lifecycle events ----------------------------------------------------------------------
+
+
+class SandboxCreated(Event, frozen=True, kw_only=True, tag="sandbox.created"):
+    sandbox: str
+    provider: str
+    replica: str
+    workspace: str
+    labels: dict[str, str] = {}
+    limits: Limits = Limits()
+    volume: str | None = None
+    volume_subpath: str | None = None
+    repo_url: str | None = None
+    ref: str | None = None
+    context_paths: list[str] = []
+
+
+class SandboxForked(Event, frozen=True, kw_only=True, tag="sandbox.forked"):
+    """A child sandbox holding the parent's REPL state as of its last completed cell."""
+
+    sandbox: str
+    parent: str
+    provider: str
+    replica: str
+    workspace: str
+    labels: dict[str, str] = {}
+    limits: Limits = Limits()
+
+
+class ContextOpened(Event, frozen=True, kw_only=True, tag="sandbox.context_opened"):
+    sandbox: str
+    context: str
+    interpreter: str | None = None
+
+
+class ContextClosed(Event, frozen=True, kw_only=True, tag="sandbox.context_closed"):
+    sandbox: str
+    context: str
+
+
+class LimitExceeded(Event, frozen=True, kw_only=True, tag="sandbox.limit_exceeded"):
+    """A sandbox stopped by one of its limits; its REPL memory is gone, its files are not."""
+
+    sandbox: str
+    limit: Literal["wall_time", "cpu_time", "memory", "frame_size", "protocol", "exited"]
+    detail: str
+
+
+class SandboxDeleted(Event, frozen=True, kw_only=True, tag="sandbox.deleted"):
+    sandbox: str
+    reason: str = "requested"
+
+
+class ChildIsolationDecided(Event, frozen=True, kw_only=True, tag="sandbox.child_decided"):
+    """Which branch of the isolation policy gave a child its sandbox, and why."""
+
+    parent: str
+    child: str | None
+    mode: Literal["auto", "context"]
+    branch: Literal["fork", "clean_volume", "clean_fallback", "context", "refused"]
+    reason: str
+    context: str | None = None
+
+
+class SandboxReplaced(Event, frozen=True, kw_only=True, tag="sandbox.replaced"):
+    """A session's sandbox was gone; a new one runs on the same volume (REPL memory lost)."""
+
+    sandbox: str
+    replaced: str
+    reason: str
+
+
+EVENTS: tuple[type[Event], ...] = (
+    SandboxCreated,
+    SandboxForked,
+    ContextOpened,
+    ContextClosed,
+    LimitExceeded,
+    SandboxDeleted,
+    ChildIsolationDecided,
+    SandboxReplaced,
+)
+
+# -- requests and replies -----------------------------------------------------------------
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    tenant: str
+
+
+class CreateSandbox(Request, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+    limits: Limits | None = None
+    volume: str | None = None
+    volume_subpath: str | None = None
+    repo_url: str | None = None
+    ref: str | None = None
+    context_files: dict[str, BlobRef] = {}
+
+
+class SandboxRef(Request, frozen=True, kw_only=True):
+    sandbox: str
+
+
+class ForkSandbox(SandboxRef, frozen=True, kw_only=True):
+    labels: dict[str, str] = {}
+
+
+class GetSandbox(SandboxRef, frozen=True, kw_only=True):
+    pass
+
+
+class DeleteSandbox(SandboxRef, frozen=True, kw_only=True):
+    reason: str = "requested"
+
+
+class ListSandboxes(Request, frozen=True, kw_only=True):
+    session: str | None = None
+
+
+class OpenContext(SandboxRef, frozen=True, kw_only=True):
+    context: str
+    interpreter: str | None = None
+
+
+class CloseContext(SandboxRef, frozen=True, kw_only=True):
+    context: str
+
+
+class Execute(SandboxRef, frozen=True, kw_only=True):
+    """Run one cell. `variables` maps names to content hashes; `blobs` carries the JSON text
+    of the hashes the sandbox has not seen (it answers `missing` for any it lacks)."""
+
+    context: str
+    code: str
+    variables: dict[str, str] = {}
+    blobs: dict[str, str] = {}
+    tools: list[str] = []
+    output_fields: list[dict[str, Any]] | None = None
+    wall_s: float | None = None
+    callback_timeout_s: float = 600.0
+
+
+class PutFile(SandboxRef, frozen=True, kw_only=True):
+    path: str
+    data: bytes | None = None
+    blob: BlobRef | None = None
+
+
+class GetFile(SandboxRef, frozen=True, kw_only=True):
+    path: str
+    max_bytes: int = 8 * 1024 * 1024
+    via_blob: bool = False
+
+
+class Ack(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool = True
+
+
+class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):
+    sandbox: str
+    tenant: str
+    provider: str
+    replica: str
+    status: Literal["running", "stopped", "deleted"]
+    workspace: str
+    parent: str | None = None
+    labels: dict[str, str] = {}
+    contexts: list[str] = []
+    stopped_reason: str | None = None
+    pid: int | None = None
+    uid: int | None = None
+    capabilities: Capabilities | None = None
+
+
+class SandboxList(msgspec.Struct, frozen=True, kw_only=True):
+    items: list[SandboxInfo]
+
+
+class ExecuteReply(msgspec.Struct, frozen=True, kw_only=True):
+    """`terminal`: the sandbox is stopped (a limit, a crash, a protocol violation)."""
+
+    kind: Literal["result", "final", "syntax", "error", "missing", "terminal"]
+    value: Any = None
+    stdout: str = ""
+    error: str = ""
+    missing: list[str] = []
+
+
+class FileInfo(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    size: int
+    sha256: str
+
+
+class FileContent(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    size: int
+    sha256: str
+    data: bytes | None = None
+    blob: BlobRef | None = None
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A host tool called by sandbox code, relayed to the interpreter that owns the context."""
+
+    request_id: str
+    sandbox: str
+    context: str
+    name: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+
+
+class ToolReply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    value: Any = None
+    error: str = ""

@@ -25,11 +25,15 @@ def tenant_filter(tenant: str) -> str:
 
 
 class SessionCreated(Event, frozen=True, kw_only=True, tag="session.created"):
+    """A conversation begins; the first event of its `.log` chain."""
+
     title: str = ""
     owner: str = ""
 
 
 class SessionRenamed(Event, frozen=True, kw_only=True, tag="session.renamed"):
+    """The session's title changed."""
+
     title: str
 
 
@@ -40,25 +44,35 @@ class SessionDeleted(Event, frozen=True, kw_only=True, tag="session.deleted"):
 
 
 class TurnRequested(Event, frozen=True, kw_only=True, tag="turn.requested"):
+    """A user message arrived; the dispatcher turns it into a work item keyed by the turn id."""
+
     message: str
 
 
 class TurnStarted(Event, frozen=True, kw_only=True, tag="turn.started"):
+    """An agent replica pulled the turn's work item (`attempt` > 1 after a redelivery)."""
+
     replica: str
     attempt: int = 1
 
 
 class TurnCompleted(Event, frozen=True, kw_only=True, tag="turn.completed"):
+    """The turn's answer; `root_head_hash` ties in the root run's chain."""
+
     answer: str
     root_head_hash: str = ""
 
 
 class TurnFailed(Event, frozen=True, kw_only=True, tag="turn.failed"):
+    """The turn ended in an error; `retryable` tells the client whether asking again may help."""
+
     error: str
     retryable: bool = False
 
 
 class TurnCancelled(Event, frozen=True, kw_only=True, tag="turn.cancelled"):
+    """The user cancelled the turn; the running replica stops at its next step."""
+
     reason: str = ""
 
 

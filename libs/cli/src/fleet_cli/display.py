@@ -1,0 +1,42 @@
+"""Rich tables: the supervised processes, and the gateway's view of every component."""
+
+from rich.table import Table
+
+from fleet_cli.children import ChildView, State
+from fleet_cli.status import ReadyAnswer
+
+_STYLE = {State.RUNNING: "green", State.WAITING: "yellow", State.STOPPED: "dim"}
+
+
+def processes(views: list[ChildView]) -> Table:
+    table = Table(title="fleet processes", title_justify="left")
+    for column in ("service", "state", "pid", "restarts", "last exit"):
+        table.add_column(column)
+    for view in views:
+        table.add_row(
+            view.name,
+            f"[{_STYLE[view.state]}]{view.state.value}[/]",
+            str(view.pid or "-"),
+            str(view.restarts),
+            "-" if view.last_exit is None else str(view.last_exit),
+        )
+    return table
+
+
+def components(answer: ReadyAnswer) -> Table:
+    verdict = "[green]ready[/]" if answer.ready else "[red]not ready[/]"
+    table = Table(title=f"{answer.url}/ready: {verdict}", title_justify="left")
+    for column in ("component", "kind", "state", "replica", "latency ms", "detail"):
+        table.add_column(column)
+    for item in (answer.body or {}).get("components", []):
+        state = item.get("state", "?")
+        latency = item.get("latency_ms")
+        table.add_row(
+            str(item.get("name")),
+            str(item.get("kind")),
+            f"[{'green' if state == 'up' else 'red'}]{state}[/]",
+            str(item.get("replica") or "-"),
+            "-" if latency is None else f"{latency:.1f}",
+            str(item.get("detail") or ""),
+        )
+    return table

@@ -1,0 +1,60 @@
+"""A client of the gateway's `/ready`: one look, or a bounded wait until it says ready."""
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+
+
+@dataclass(frozen=True)
+class ReadyAnswer:
+    url: str
+    status_code: int | None  # None: nothing answered
+    body: dict[str, Any] | None
+    error: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.status_code == 200
+
+
+def gateway_url(data_dir: Path, explicit: str | None) -> str:
+    """An explicit URL wins; else the one a running `fleet up` recorded; else the default."""
+    if explicit:
+        return explicit.rstrip("/")
+    state = data_dir / "up.json"
+    if state.exists():
+        try:
+            return str(json.loads(state.read_text())["gateway"])
+        except (ValueError, KeyError):
+            pass
+    return DEFAULT_GATEWAY
+
+
+async def ask(url: str, timeout: float = 5.0) -> ReadyAnswer:
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            response = await client.get(f"{url}/ready")
+    except httpx.HTTPError as exc:
+        return ReadyAnswer(url, None, None, f"{type(exc).__name__}: {exc}")
+    try:
+        body = response.json()
+    except ValueError:
+        return ReadyAnswer(url, response.status_code, None, "answer was not JSON")
+    return ReadyAnswer(url, response.status_code, body)
+
+
+async def wait_ready(url: str, timeout: float, interval: float = 0.25) -> ReadyAnswer:
+    """Ask until ready or `timeout`; returns the last answer either way."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = await ask(url, timeout=min(5.0, max(0.5, deadline - time.monotonic())))
+        if answer.ready or time.monotonic() >= deadline:
+            return answer
+        await asyncio.sleep(interval)

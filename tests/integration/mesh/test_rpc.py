@@ -1,0 +1,68 @@
+"""Request/reply: typed bodies, clear errors, nothing reaches a handler that should not."""
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+
+from fleet_events import new_id
+from fleet_mesh import rpc
+
+
+class Add(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    a: int
+    b: int
+
+
+class Sum(msgspec.Struct, frozen=True, kw_only=True):
+    total: int
+
+
+async def test_typed_request_reply_and_specific_errors(nc: Client) -> None:
+    subject = f"fleet.rpc.quality.{new_id()}"
+    seen: list[Add] = []
+
+    async def handler(request: Add) -> Sum:
+        seen.append(request)
+        if request.a < 0:
+            raise rpc.BadRequest(f"a must be >= 0, got {request.a}: send a non-negative number")
+        if request.a == 13:
+            raise RuntimeError("unlucky")
+        return Sum(total=request.a + request.b)
+
+    await rpc.serve(nc, subject, Add, handler, queue="q", max_bytes=1000)
+
+    assert await rpc.call(nc, subject, Add(request_id="r", a=2, b=3), Sum, timeout=2) == Sum(
+        total=5
+    )
+
+    with pytest.raises(rpc.RemoteError) as refused:
+        await rpc.call(nc, subject, Add(request_id="r", a=-1, b=3), Sum, timeout=2)
+    assert refused.value.code == "bad_request"
+    assert "a must be >= 0, got -1" in refused.value.message
+
+    with pytest.raises(rpc.RemoteError) as malformed:
+        await rpc.call(nc, subject, {"request_id": "r", "a": "two", "b": 3}, Sum, timeout=2)
+    assert malformed.value.code == "bad_request"
+    assert "Expected `int`, got `str` - at `$.a`" in malformed.value.message
+
+    with pytest.raises(rpc.RemoteError) as oversized:
+        await rpc.call(nc, subject, {"request_id": "x" * 2000, "a": 1, "b": 1}, Sum, timeout=2)
+    assert "over the 1000-byte limit" in oversized.value.message
+
+    with pytest.raises(rpc.RemoteError) as internal:
+        await rpc.call(nc, subject, Add(request_id="r", a=13, b=0), Sum, timeout=2)
+    assert internal.value.code == "internal"
+    assert "unlucky" not in internal.value.message  # internals are logged, not returned
+
+    assert [r.a for r in seen] == [2, -1, 13]  # malformed and oversized never reached it
+
+
+def test_reply_cache_keeps_the_latest_answers() -> None:
+    cache = rpc.ReplyCache(capacity=2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1
+    cache.put("c", 3)
+    assert cache.get("b") is None
+    assert (cache.get("a"), cache.get("c")) == (1, 3)

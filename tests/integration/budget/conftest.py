@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -55,6 +56,7 @@ async def call(
     *,
     attempt_timeout: float = ATTEMPT_TIMEOUT_S,
     deadline: float = CLIENT_DEADLINE_S,
+    on_retry: Callable[[str], object] = lambda _: None,
 ) -> Rep:
     """The client rule of docs/budget.md: resend the same request until a final answer."""
     subject = subjects.rpc("budget", verb)
@@ -70,6 +72,7 @@ async def call(
             pass
         if time.monotonic() >= give_up:
             raise TimeoutError(f"budget {verb} got no final answer within {deadline}s")
+        on_retry(getattr(request, "request_id", ""))
         await asyncio.sleep(pause)  # a client's backoff between attempts, not a test wait
         pause = min(pause * 2, 1.0)
 

@@ -1,0 +1,140 @@
+"""Real budget processes behind one queue group, with clients that follow the retry rule."""
+
+import asyncio
+import random
+
+import pytest
+from nats.aio.client import Client
+
+from fleet_events import new_id
+from fleet_events.budget import (
+    Grant,
+    Granted,
+    GrantRefused,
+    GrantReply,
+    OpenReply,
+    OpenTree,
+)
+from fleet_harness.procs import Launcher, Replica
+from fleet_harness.waits import eventually
+from fleet_mesh import rpc
+from fleet_mesh.store import EventStore
+
+from .conftest import call, ledger, open_tree, replayed, wait_ready
+
+
+async def test_one_replica_serves_the_bus_and_rejects_malformed_requests_clearly(
+    nc: Client, js: object, launcher: Launcher, store: EventStore
+) -> None:
+    await wait_ready(nc, launcher.start("budget"))
+    tree = await open_tree(nc, 3)
+
+    reply = await call(nc, "grant", Grant(request_id=new_id(), tree=tree, run="root"), GrantReply)
+    with pytest.raises(rpc.RemoteError, match="invalid calls -2: it must be a whole number"):
+        await call(
+            nc, "grant", Grant(request_id=new_id(), tree=tree, run="r", calls=-2), GrantReply
+        )
+    with pytest.raises(rpc.RemoteError, match=r"invalid tree id 'no\.dots'") as bad_id:
+        await call(nc, "grant", Grant(request_id=new_id(), tree="no.dots", run="r"), GrantReply)
+    with pytest.raises(rpc.RemoteError, match="unknown tree") as unknown:
+        await call(nc, "grant", Grant(request_id=new_id(), tree=new_id(), run="r"), GrantReply)
+    with pytest.raises(rpc.RemoteError, match="malformed Grant"):
+        await call(nc, "grant", {"request_id": "x", "tree": tree, "run": 5}, GrantReply)
+    reopened = await call(
+        nc,
+        "open",
+        OpenTree(request_id=new_id(), tenant="acme", tree=tree, max_llm_calls=99),
+        OpenReply,
+    )
+
+    assert (reply.granted, reply.remaining) == (True, 2)
+    assert (bad_id.value.code, unknown.value.code) == ("bad_request", "unknown_tree")
+    assert (reopened.opened, reopened.reason, reopened.status.max_llm_calls) == (
+        False,
+        "already_open",
+        3,
+    )
+    kinds = [type(e.envelope.data).__name__ for e in await ledger(store, tree)]
+    assert kinds == ["TreeOpened", "Granted", "OpenRefused"]  # nothing malformed was stored
+
+
+@pytest.mark.slow
+async def test_1000_concurrent_unit_grants_on_limit_700_grant_exactly_700(
+    nc: Client, replicas: list[Replica], store: EventStore
+) -> None:
+    tree = await open_tree(nc, 700)
+    requests = [Grant(request_id=new_id(), tree=tree, run=f"run-{i % 7}") for i in range(1000)]
+
+    replies = await asyncio.gather(*(call(nc, "grant", r, GrantReply) for r in requests))
+
+    assert sum(r.granted for r in replies) == 700
+    events = await ledger(store, tree)
+    granted_ids = {e.envelope.id for e in events if isinstance(e.envelope.data, Granted)}
+    assert granted_ids == {
+        r.request_id for r, a in zip(requests, replies, strict=True) if a.granted
+    }
+    state = replayed(events)
+    assert (state.granted, state.refusals, len(events)) == (700, 300, 1001)
+    writers = {e.envelope.actor.replica for e in events}
+    assert len(writers) == 3  # every replica took part
+
+
+@pytest.mark.slow
+async def test_mixed_sizes_never_exceed_the_limit_and_each_refusal_is_justified_on_replay(
+    nc: Client, replicas: list[Replica], store: EventStore
+) -> None:
+    rng = random.Random(7)
+    tree = await open_tree(nc, 500)
+    requests = [
+        Grant(request_id=new_id(), tree=tree, run="r", calls=rng.choice([1, 2, 3, 5, 8, 13]))
+        for _ in range(300)
+    ]
+
+    replies = await asyncio.gather(*(call(nc, "grant", r, GrantReply) for r in requests))
+
+    total = 0
+    for stored in await ledger(store, tree):
+        match stored.envelope.data:
+            case Granted(calls=calls, granted_total=after):
+                total += calls
+                assert after == total <= 500
+            case GrantRefused(calls=calls, remaining=remaining, reason=reason):
+                assert reason == "calls_exhausted"
+                assert remaining == 500 - total  # the remaining amount at this ledger position
+                assert calls > remaining
+    assert total == sum(r.calls for r in replies if r.granted)
+    assert total <= 500
+    assert 500 - total < 13  # the tree was driven to (nearly) empty
+
+
+@pytest.mark.slow
+async def test_a_replica_killed_mid_flight_loses_and_doubles_no_grant(
+    nc: Client, replicas: list[Replica], store: EventStore
+) -> None:
+    tree = await open_tree(nc, 400)
+    requests = [Grant(request_id=new_id(), tree=tree, run="r") for _ in range(600)]
+    retries: list[str] = []
+    calls = [
+        asyncio.ensure_future(
+            call(nc, "grant", r, GrantReply, attempt_timeout=1.0, on_retry=retries.append)
+        )
+        for r in requests
+    ]
+
+    async def victim_has_written() -> bool:
+        return any(e.envelope.actor.replica == "budget-0" for e in await ledger(store, tree))
+
+    await eventually(victim_has_written, timeout=20, what="budget-0 to grant something")
+    replicas[0].kill()  # SIGKILL while most requests are still queued or in flight
+
+    replies = await asyncio.gather(*calls)
+
+    events = await ledger(store, tree)
+    ids = [e.envelope.id for e in events]
+    assert len(ids) == len(set(ids))  # no request is stored twice
+    granted = {e.envelope.id for e in events if isinstance(e.envelope.data, Granted)}
+    answered = {r.request_id for r, a in zip(requests, replies, strict=True) if a.granted}
+    assert granted == answered  # every grant a client saw is on the ledger, and only those
+    assert len(granted) == 400
+    assert replayed(events).granted == 400
+    assert retries  # the kill did cut requests off: their clients had to resend them

@@ -115,3 +115,31 @@ async def bootstrap(js: JetStreamContext, *, replicas: int = 1) -> BootstrapRepo
     )
     log.info("bootstrap done", extra={"created": report.created, "updated": report.updated})
     return report
+
+
+async def _main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from fleet_mesh.connection import connect
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fleet_mesh.bootstrap",
+        description="Create or update fleet-rlm's streams, KV buckets and object store.",
+    )
+    parser.add_argument("--url", default=None, help="NATS URL (default: $NATS_URL)")
+    parser.add_argument("--replicas", type=int, default=1, help="1 locally, 3 in a cluster")
+    args = parser.parse_args(argv)
+    nc = await connect(args.url, name="fleet-bootstrap")
+    try:
+        report = await bootstrap(nc.jetstream(), replicas=args.replicas)
+    finally:
+        await nc.close()
+    for kind in ("created", "updated", "unchanged"):
+        for item in getattr(report, kind):
+            print(f"{kind:9} {item}")
+
+
+if __name__ == "__main__":
+    import asyncio
+
+    asyncio.run(_main())

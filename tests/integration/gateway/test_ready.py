@@ -77,7 +77,7 @@ async def test_ready_is_200_when_nats_every_store_and_every_service_are_up(
             response = await client.get("/ready")
     finally:
         for sub in subs:
-            await sub.unsubscribe()
+            await sub.stop()
     body = response.json()
     assert response.status_code == 200, body
     assert body["ready"] is True
@@ -104,7 +104,7 @@ async def test_ready_is_503_and_names_the_service_that_is_down(
             elapsed = time.monotonic() - started
     finally:
         for sub in subs:
-            await sub.unsubscribe()
+            await sub.stop()
     body = response.json()
     assert response.status_code == 503
     assert body["ready"] is False

@@ -42,3 +42,30 @@ async def test_bootstrap_is_idempotent_and_keeps_operator_limits(js: JetStreamCo
     assert "stream BUDGET" in report.unchanged
     assert report.created == ()
     assert (await js.stream_info("BUDGET")).config.max_msgs == 123_456
+
+
+async def test_a_sigkilled_replica_restarts_under_the_same_name(
+    nc: Client, launcher: Launcher
+) -> None:
+    (replica,) = launcher.start("quality")
+
+    async def pong_pid() -> int | None:
+        try:
+            pong = await rpc.call(nc, subjects.ping("quality"), Ping(), Pong, timeout=0.5)
+        except TimeoutError:
+            return None
+        return pong.pid
+
+    first = await eventually(pong_pid, timeout=20, what="the first quality replica")
+    replica.kill()
+    assert not replica.alive()
+    replica.start()
+    second = await eventually(
+        lambda: _other_than(pong_pid, first), timeout=20, what="the restarted replica"
+    )
+    assert second == replica.pid != first
+
+
+async def _other_than(probe, old: int) -> int | None:  # type: ignore[no-untyped-def]
+    pid = await probe()
+    return pid if pid not in (None, old) else None

@@ -20,7 +20,8 @@ class Replica:
     _log: IO[bytes] | None = None
 
     def start(self) -> "Replica":
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._close_log()
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop() / kill()
         self.process = subprocess.Popen(
             self.argv,
             env=self.env,
@@ -44,6 +45,12 @@ class Replica:
             assert self.process is not None
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def stop(self, timeout: float = 10.0) -> int | None:
         if self.process is None:
@@ -54,9 +61,7 @@ class Replica:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._close_log()
         return self.process.returncode
 
     def restart(self) -> "Replica":

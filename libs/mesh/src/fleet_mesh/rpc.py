@@ -4,6 +4,7 @@ A reply is either the handler's Struct or an error carried in headers (`Fleet-Er
 body = message), so a caller always learns what was wrong, with which value, and what to do.
 """
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -50,6 +51,41 @@ class RemoteError(Exception):
 _encoder = msgspec.json.Encoder()
 
 
+class Served:
+    """One served subject: its subscription and the requests still being answered.
+
+    nats-py runs a subscription's callback one message at a time, so a slow request (a long
+    sandbox execution) would hold up every other. Each request runs in its own task instead,
+    at most `concurrency` at once; past that, delivery waits (backpressure, nothing dropped).
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        self.subscription: Subscription | None = None
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, work: Awaitable[None]) -> None:
+        await self._slots.acquire()
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop taking requests, then let those in flight finish (up to `grace` seconds)."""
+        if self.subscription is not None:
+            await self.subscription.unsubscribe()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=grace)
+
+
 async def serve(
     nc: Client,
     subject: str,
@@ -58,12 +94,16 @@ async def serve(
     *,
     queue: str = "",
     max_bytes: int = MAX_REQUEST_BYTES,
-) -> Subscription:
+    concurrency: int = 64,
+) -> Served:
     decoder: msgspec.json.Decoder[Req] = msgspec.json.Decoder(request_type)
+    served = Served(concurrency)
 
     async def on_msg(msg: Msg) -> None:
-        if not msg.reply:
-            return
+        if msg.reply:
+            await served.start(answer(msg))
+
+    async def answer(msg: Msg) -> None:
         try:
             if len(msg.data) > max_bytes:
                 raise BadRequest(
@@ -86,7 +126,8 @@ async def serve(
                 headers={ERROR_HEADER: "internal"},
             )
 
-    return await nc.subscribe(subject, queue=queue, cb=on_msg)
+    served.subscription = await nc.subscribe(subject, queue=queue, cb=on_msg)
+    return served
 
 
 async def call(

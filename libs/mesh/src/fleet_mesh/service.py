@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from fleet_events import Actor, subjects
@@ -47,7 +46,7 @@ class ServiceContext:
     js: JetStreamContext
     log: logging.Logger
     started: float = field(default_factory=time.monotonic)
-    subscriptions: list[Subscription] = field(default_factory=list)
+    served: list[rpc.Served] = field(default_factory=list)
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     ping_details: Callable[[], dict[str, Any]] = field(default=dict)
 
@@ -62,12 +61,19 @@ class ServiceContext:
         handler: Callable[[Req], Awaitable[Any]],
         *,
         queue: str | None = None,
+        concurrency: int = 64,
     ) -> None:
-        """Serve `subject` in this service's queue group: one replica answers each request."""
-        sub = await rpc.serve(
-            self.nc, subject, request_type, handler, queue=self.name if queue is None else queue
+        """Serve `subject` in this service's queue group: one replica answers each request,
+        up to `concurrency` at once."""
+        served = await rpc.serve(
+            self.nc,
+            subject,
+            request_type,
+            handler,
+            queue=self.name if queue is None else queue,
+            concurrency=concurrency,
         )
-        self.subscriptions.append(sub)
+        self.served.append(served)
 
 
 def replica_id(service: str) -> str:
@@ -108,8 +114,7 @@ async def serve_forever(
     log.info("started", extra={"server": str(nc.connected_url.netloc if nc.connected_url else "")})
     await stop.wait()
     log.info("stopping")
-    for sub in ctx.subscriptions:
-        await sub.unsubscribe()
+    await asyncio.gather(*(served.stop() for served in ctx.served))
     for hook in reversed(ctx.on_stop):
         try:
             await hook()

@@ -13,7 +13,6 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from nats.aio.client import Client
-from nats.aio.subscription import Subscription
 
 from fleet_events import subjects
 from fleet_gateway.config import GatewaySettings
@@ -31,7 +30,7 @@ class GatewayState:
     replica: str
     started: float = field(default_factory=time.monotonic)
     nc: Client | None = None
-    subscriptions: list[Subscription] = field(default_factory=list)
+    served: list[rpc.Served] = field(default_factory=list)
 
 
 async def _open(state: GatewayState) -> None:
@@ -46,14 +45,14 @@ async def _open(state: GatewayState) -> None:
             uptime_s=round(time.monotonic() - state.started, 3),
         )
 
-    state.subscriptions.append(
-        await rpc.serve(nc, subjects.ping(SERVICE), Ping, pong, queue=SERVICE)
-    )
+    state.served.append(await rpc.serve(nc, subjects.ping(SERVICE), Ping, pong, queue=SERVICE))
 
 
 async def _close(state: GatewayState) -> None:
     nc, state.nc = state.nc, None
-    state.subscriptions.clear()
+    served, state.served = state.served, []
+    for one in served:
+        await one.stop()
     if nc is None or nc.is_closed:
         return
     if nc.is_connected:

@@ -1,5 +1,7 @@
 """Request/reply: typed bodies, clear errors, nothing reaches a handler that should not."""
 
+import asyncio
+
 import msgspec
 import pytest
 from nats.aio.client import Client
@@ -66,3 +68,24 @@ def test_reply_cache_keeps_the_latest_answers() -> None:
     cache.put("c", 3)
     assert cache.get("b") is None
     assert (cache.get("a"), cache.get("c")) == (1, 3)
+
+
+async def test_a_slow_request_does_not_hold_up_the_others(nc: Client) -> None:
+    subject = f"fleet.rpc.quality.{new_id()}"
+    release = asyncio.Event()
+
+    async def handler(request: Add) -> Sum:
+        if request.a == 0:
+            await release.wait()
+        return Sum(total=request.a + request.b)
+
+    served = await rpc.serve(nc, subject, Add, handler, queue="q")
+    slow = asyncio.create_task(rpc.call(nc, subject, Add(request_id="s", a=0, b=1), Sum, timeout=5))
+    fast = await rpc.call(nc, subject, Add(request_id="f", a=2, b=2), Sum, timeout=5)
+    assert fast == Sum(total=4)
+    assert not slow.done()
+    assert served.in_flight == 1
+    release.set()
+    assert await slow == Sum(total=1)
+    await served.stop()
+    assert served.in_flight == 0

@@ -6,6 +6,7 @@ guarantees depend on (subjects, atomic batches, dedup window, direct get) are br
 """
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from nats.js import JetStreamContext
@@ -20,6 +21,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from fleet_events import streams
 from fleet_events.streams import KvSpec, ObjectStoreSpec, StreamSpec
+from fleet_mesh.runtime_config import seed_from_env
 
 log = logging.getLogger("fleet.bootstrap")
 
@@ -29,6 +31,7 @@ class BootstrapReport:
     created: tuple[str, ...]
     updated: tuple[str, ...]
     unchanged: tuple[str, ...]
+    seeded: tuple[str, ...] = ()
 
 
 def stream_config(spec: StreamSpec, replicas: int) -> StreamConfig:
@@ -102,7 +105,11 @@ async def _ensure_object_store(js: JetStreamContext, spec: ObjectStoreSpec, repl
         return "created"
 
 
-async def bootstrap(js: JetStreamContext, *, replicas: int = 1) -> BootstrapReport:
+async def bootstrap(
+    js: JetStreamContext, *, replicas: int = 1, env: Mapping[str, str] | None = None
+) -> BootstrapReport:
+    """Streams, buckets, then settings seeded from `env` (default: the process environment)
+    where the config bucket holds no value yet."""
     outcome: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": []}
     for spec in streams.STREAMS:
         outcome[await _ensure_stream(js, spec, replicas)].append(f"stream {spec.name}")
@@ -110,8 +117,12 @@ async def bootstrap(js: JetStreamContext, *, replicas: int = 1) -> BootstrapRepo
         outcome[await _ensure_kv(js, kv, replicas)].append(f"kv {kv.bucket}")
     for obj in streams.OBJECT_STORES:
         outcome[await _ensure_object_store(js, obj, replicas)].append(f"object store {obj.bucket}")
+    seeded = await seed_from_env(js, env)
     report = BootstrapReport(
-        tuple(outcome["created"]), tuple(outcome["updated"]), tuple(outcome["unchanged"])
+        tuple(outcome["created"]),
+        tuple(outcome["updated"]),
+        tuple(outcome["unchanged"]),
+        tuple(seeded),
     )
     log.info("bootstrap done", extra={"created": report.created, "updated": report.updated})
     return report
@@ -134,7 +145,7 @@ async def _main(argv: list[str] | None = None) -> None:
         report = await bootstrap(nc.jetstream(), replicas=args.replicas)
     finally:
         await nc.close()
-    for kind in ("created", "updated", "unchanged"):
+    for kind in ("created", "updated", "unchanged", "seeded"):
         for item in getattr(report, kind):
             print(f"{kind:9} {item}")
 

@@ -1,0 +1,88 @@
+"""Runtime settings kept in the `fleet-config` KV bucket: what they are, what values they take.
+
+Environment variables only *seed* the bucket at bootstrap (never overwriting a stored value);
+from then on the bucket is the truth, per tenant with a global fallback, and every change is
+kept in the bucket's history. Global keys are written only by an admin (the gateway enforces it).
+"""
+
+from dataclasses import dataclass
+
+from fleet_events.ids import check_id
+
+
+class InvalidSetting(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    key: str
+    env: str
+    default: str
+    choices: tuple[str, ...] = ()
+    integer: bool = False
+    description: str = ""
+
+    def validate(self, value: str) -> str:
+        if self.choices and value not in self.choices:
+            raise InvalidSetting(
+                f"{self.key} (env {self.env}) cannot be {value!r}: use one of "
+                f"{', '.join(self.choices)}"
+            )
+        if self.integer and not (value.isdigit() and len(value) <= 9):
+            raise InvalidSetting(
+                f"{self.key} (env {self.env}) must be a non-negative integer, got {value!r}"
+            )
+        return value
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "rlm_child_isolation_mode",
+        "RLM_CHILD_ISOLATION_MODE",
+        "auto",
+        choices=("auto", "context"),
+        description="how a recursive child gets its sandbox: auto (fork or clean) or context",
+    ),
+    Setting(
+        "rlm_child_fork_fallback",
+        "RLM_CHILD_FORK_FALLBACK",
+        "clean",
+        choices=("clean", "none"),
+        description="when forking a child fails: retry with a clean sandbox, or fail",
+    ),
+    Setting(
+        "sandbox_warm_pool_size",
+        "FLEET_SANDBOX_WARM_POOL_SIZE",
+        "2",
+        integer=True,
+        description="started clean sandboxes kept ready per broker replica",
+    ),
+    Setting(
+        "rlm_max_llm_calls",
+        "RLM_MAX_LLM_CALLS",
+        "50",
+        integer=True,
+        description="LLM calls a whole recursive tree may make",
+    ),
+    Setting("rlm_max_depth", "RLM_MAX_DEPTH", "3", integer=True, description="deepest child run"),
+)
+
+BY_KEY = {setting.key: setting for setting in SETTINGS}
+
+
+def setting(key: str) -> Setting:
+    try:
+        return BY_KEY[key]
+    except KeyError:
+        raise InvalidSetting(
+            f"unknown setting {key!r}: known settings are {', '.join(sorted(BY_KEY))}"
+        ) from None
+
+
+def global_key(key: str) -> str:
+    return f"global.{setting(key).key}"
+
+
+def tenant_key(tenant: str, key: str) -> str:
+    return f"tenant.{check_id('tenant', tenant)}.{setting(key).key}"

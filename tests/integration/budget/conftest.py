@@ -39,8 +39,8 @@ async def store(js: JetStreamContext) -> EventStore:
 
 
 @pytest.fixture
-def budget(store: EventStore) -> Budget:
-    return Budget(store, ACTOR, BudgetSettings())
+def budget(store: EventStore, js: JetStreamContext) -> Budget:
+    return Budget(store, js, ACTOR, BudgetSettings())
 
 
 def tenant() -> str:
@@ -107,7 +107,8 @@ def replayed(events: list[StoredEvent]) -> TreeState:
 
 
 async def wait_ready(nc: Client, replicas: list[Replica]) -> None:
-    """Every replica answers ping (each one is then subscribed: setup runs before `started`)."""
+    """Every replica has finished setup: ping is answered before setup runs, so readiness is the
+    `workers` detail that setup sets last, after its subscriptions."""
     wanted = {r.env["FLEET_REPLICA"] for r in replicas}
     seen: set[str] = set()
 
@@ -116,7 +117,8 @@ async def wait_ready(nc: Client, replicas: list[Replica]) -> None:
             pong = await rpc.call(nc, subjects.ping("budget"), Ping(), Pong, timeout=0.5)
         except (NatsTimeout, NoRespondersError):
             return False
-        seen.add(pong.replica)
+        if "workers" in pong.details:
+            seen.add(pong.replica)
         return wanted <= seen
 
     await eventually(all_seen, timeout=30, interval=0.0, what=f"replicas {sorted(wanted)}")

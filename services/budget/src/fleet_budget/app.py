@@ -15,8 +15,9 @@ async def setup(ctx: service.ServiceContext, settings: BudgetSettings | None = N
     # Lost races are routine under load and answered by catching up; a log line each is noise.
     stamina.instrumentation.set_on_retry_hooks([])
     store = await open_store(ctx.js, streams.BUDGET)
-    budget = Budget(store, ctx.actor, settings)
+    budget = Budget(store, ctx.js, ctx.actor, settings)
     await subscribe(ctx, budget, workers=settings.workers)
+    # Set last: a pong carrying `workers` tells callers this replica's subscriptions are live.
     ctx.ping_details = lambda: {"workers": settings.workers}
 
 

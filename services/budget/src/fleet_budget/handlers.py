@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nats.js import JetStreamContext
+
 from fleet_budget.config import BudgetSettings
 from fleet_budget.domain import (
     Command,
@@ -67,6 +69,7 @@ class Budget:
     def __init__(
         self,
         store: EventStore,
+        js: JetStreamContext,
         actor: Actor,
         settings: BudgetSettings,
         *,
@@ -81,10 +84,10 @@ class Budget:
             "deadline_s": settings.conflict_deadline_s,
         }
         self.trees: Ledgers[TreeState] = Ledgers(
-            store, actor, initial=TreeState, evolve=evolve, **common
+            store, js, actor, initial=TreeState, evolve=evolve, **common
         )
         self.tenants: Ledgers[TenantDayState] = Ledgers(
-            store, actor, initial=TenantDayState, evolve=evolve_tenant, **common
+            store, js, actor, initial=TenantDayState, evolve=evolve_tenant, **common
         )
 
     # --- use cases -------------------------------------------------------------------------

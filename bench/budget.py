@@ -1,0 +1,138 @@
+"""Budget benchmark: grant round trip vs a raw NATS echo, and grants/s with 1 vs 3 replicas.
+
+Run: `.venv/bin/python bench/budget.py [--quick]`. Starts its own nats-server (default
+`sync_interval`), bootstraps it, and runs the budget service as real processes.
+"""
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from fleet_events import new_id, subjects
+from fleet_events.budget import Grant, GrantReply, OpenReply, OpenTree
+from fleet_harness.bench import report, report_single, side_by_side, stats
+from fleet_harness.procs import Launcher, Replica
+from fleet_mesh import rpc
+from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.connection import connect
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.service import Ping, Pong
+
+GRANT = subjects.rpc("budget", "grant")
+BIG = 10_000_000
+
+
+async def ready(nc: Client, replicas: list[Replica]) -> None:
+    wanted = {r.env["FLEET_REPLICA"] for r in replicas}
+    seen: set[str] = set()
+    deadline = time.monotonic() + 60
+    while not wanted <= seen:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"replicas {sorted(wanted - seen)} never answered ping")
+        try:
+            pong = await rpc.call(nc, subjects.ping("budget"), Ping(), Pong, timeout=0.5)
+            if "workers" in pong.details:  # set at the end of setup: its subscriptions are live
+                seen.add(pong.replica)
+        except Exception:  # noqa: S110 - starting up: no responders yet
+            pass
+
+
+async def open_tree(nc: Client, limit: int = BIG) -> str:
+    tree = new_id()
+    request = OpenTree(request_id=new_id(), tenant="bench", tree=tree, max_llm_calls=limit)
+    reply = await rpc.call(nc, subjects.rpc("budget", "open"), request, OpenReply, timeout=5)
+    assert reply.opened
+    return tree
+
+
+async def grant(nc: Client, tree: str) -> GrantReply:
+    request = Grant(request_id=new_id(), tree=tree, run="bench")
+    return await rpc.call(nc, GRANT, request, GrantReply, timeout=10)
+
+
+async def round_trip(nc: Client, samples: int) -> None:
+    async def echo(msg: Msg) -> None:
+        await msg.respond(msg.data)
+
+    await nc.subscribe("bench.echo", cb=echo)
+    payload = Grant(request_id=new_id(), tree=new_id(), run="bench")
+    body = rpc._encoder.encode(payload)
+    tree = await open_tree(nc)
+
+    async def baseline() -> None:
+        await nc.request("bench.echo", body, timeout=5)
+
+    async def project() -> None:
+        await grant(nc, tree)
+
+    base, proj = await side_by_side(baseline, project, samples=samples)
+    report(
+        "grant round trip (1 in flight) vs raw NATS request/reply echo",
+        base,
+        proj,
+        goal="<= 3x",
+        unit="grant",
+    )
+
+
+async def throughput(nc: Client, label: str, trees: list[str], total: int, inflight: int) -> None:
+    latencies: list[float] = []
+    queue = iter(range(total))
+
+    async def worker() -> None:
+        for index in queue:
+            start = time.perf_counter()
+            reply = await grant(nc, trees[index % len(trees)])
+            assert reply.granted
+            latencies.append(time.perf_counter() - start)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    wall = time.perf_counter() - started
+    measured = stats(latencies)
+    report_single(
+        f"{label}: {total} grants, {inflight} in flight, {len(trees)} tree(s) "
+        f"-> {total / wall:,.0f} grants/s",
+        measured,
+        unit="grant (per client)",
+    )
+
+
+async def main(quick: bool, logs: Path | None) -> None:
+    samples, total, inflight = (200, 2000, 64) if quick else (1000, 6000, 64)
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+        root = Path(tmp)
+        server = NatsServer(store_dir=root / "store", log_path=root / "nats.log").start()
+        launcher = Launcher(nats_url=server.url, log_dir=logs or root)
+        nc = await connect(server.url, name="bench")
+        try:
+            await bootstrap(nc.jetstream())
+            first = launcher.start("budget", count=1)
+            await ready(nc, first)
+            await round_trip(nc, samples)
+            many = [await open_tree(nc) for _ in range(200)]
+            for replicas in (1, 3):
+                if replicas == 3:
+                    await ready(nc, launcher.start("budget", count=2))
+                one = [await open_tree(nc)]
+                await throughput(nc, f"{replicas} replica(s), one tree", one, total, inflight)
+                await throughput(nc, f"{replicas} replica(s), many trees", many, total, inflight)
+        finally:
+            await nc.close()
+            launcher.stop_all()
+            server.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer samples (CI smoke)")
+    parser.add_argument("--logs", type=Path, help="keep the replicas' logs in this directory")
+    args = parser.parse_args()
+    if args.logs is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    asyncio.run(main(args.quick, args.logs))

@@ -93,22 +93,30 @@ async def _up(options: UpOptions, ready_timeout: float) -> None:
     mesh = asyncio.create_task(
         up(options, stop, on_change=show, on_started=lambda _: started.set())
     )
-    waiter = asyncio.create_task(started.wait())
-    await asyncio.wait({mesh, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    if started.is_set():
-        answer = await wait_ready(options.gateway_url, ready_timeout)
-        if not stop.is_set():
-            console.print(display.components(answer))
-            if answer.ready:
-                console.print(f"[bold green]fleet is ready:[/] {options.gateway_url}")
-            else:
-                console.print(
-                    f"[yellow]not ready after {ready_timeout:.0f}s[/]; still supervising. "
-                    f"Logs: {options.logs}"
-                )
-    waiter.cancel()
-    await mesh
+    announcer = asyncio.create_task(_announce(options, started, stop, ready_timeout))
+    try:
+        await mesh
+    finally:
+        announcer.cancel()  # a stop during the wait for /ready must not wait for it
     console.print("fleet stopped")
+
+
+async def _announce(
+    options: UpOptions, started: asyncio.Event, stop: asyncio.Event, ready_timeout: float
+) -> None:
+    """Once the processes are up, wait for /ready and print the URL (or why it is not)."""
+    await started.wait()
+    answer = await wait_ready(options.gateway_url, ready_timeout)
+    if stop.is_set():
+        return
+    console.print(display.components(answer))
+    if answer.ready:
+        console.print(f"[bold green]fleet is ready:[/] {options.gateway_url}")
+    else:
+        console.print(
+            f"[yellow]not ready after {ready_timeout:.0f}s[/]; still supervising. "
+            f"Logs: {options.logs}"
+        )
 
 
 @app.command("status")

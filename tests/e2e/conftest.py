@@ -1,0 +1,113 @@
+"""`fleet up` as a real process, and /proc readers to prove what it leaves behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fleet_mesh.natsserver import free_port
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+
+
+def processes() -> dict[int, Proc]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        found[int(entry.name)] = Proc(int(entry.name), int(fields[1]), int(fields[2]), fields[0])
+    return found
+
+
+def descendants(root: int) -> set[int]:
+    table = processes()
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        children = {p.pid for p in table.values() if p.ppid in frontier} - found
+        found |= children
+        frontier = children
+    return found
+
+
+def living(pids: set[int], pgids: set[int]) -> list[Proc]:
+    """Processes, zombies excepted, that are one of `pids` or belong to one of `pgids`."""
+    return [
+        p for p in processes().values() if p.state != "Z" and (p.pid in pids or p.pgid in pgids)
+    ]
+
+
+@dataclass
+class Mesh:
+    process: subprocess.Popen[bytes]
+    data_dir: Path
+    gateway: str
+    output: Path
+
+    def state(self) -> dict[str, Any]:
+        return dict(json.loads((self.data_dir / "up.json").read_text()))
+
+    def ready(self) -> httpx.Response:
+        return httpx.get(f"{self.gateway}/ready", timeout=5)
+
+    def printed(self) -> str:
+        return self.output.read_text(errors="replace")
+
+
+StartMesh = Callable[..., Mesh]
+
+
+@pytest.fixture
+def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
+    """Start `fleet up` (own data dir, free ports); on teardown stop it and sweep leftovers."""
+    meshes: list[tuple[Mesh, set[int]]] = []
+
+    def start(env: dict[str, str] | None = None) -> Mesh:
+        index = len(meshes)
+        port = free_port()
+        data_dir = tmp_path / f"mesh-{index}"
+        output = tmp_path / f"mesh-{index}.out"
+        full_env = {k: v for k, v in os.environ.items() if k != "NATS_URL"} | (env or {})
+        argv = [sys.executable, "-m", "fleet_cli", "up", "--data-dir", str(data_dir)]
+        argv += ["--port", str(port), "--nats-port", "0", "--grace", "5"]
+        with open(output, "wb") as out:
+            process = subprocess.Popen(
+                argv, env=full_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        mesh = Mesh(process, data_dir, f"http://127.0.0.1:{port}", output)
+        meshes.append((mesh, set()))
+        return mesh
+
+    yield start
+    for mesh, _ in meshes:
+        tree = descendants(mesh.process.pid)
+        if mesh.process.poll() is None:
+            for pid in tree:  # a SIGSTOPped service would never see the SIGTERM
+                os.kill(pid, signal.SIGCONT)
+            mesh.process.terminate()
+            try:
+                mesh.process.wait(30)
+            except subprocess.TimeoutExpired:
+                mesh.process.kill()
+                mesh.process.wait(10)
+        for leftover in living(tree, tree):
+            os.kill(leftover.pid, signal.SIGKILL)

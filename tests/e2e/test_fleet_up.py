@@ -1,0 +1,139 @@
+"""`fleet up` end to end: real NATS, real service processes, real signals."""
+
+import asyncio
+import os
+import signal
+import sys
+
+import httpx
+import pytest
+from nats.aio.client import Client
+
+from fleet_events import streams, subjects
+from fleet_harness.waits import eventually
+from fleet_mesh import rpc
+from fleet_mesh.connection import connect
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.service import Ping, Pong
+
+from .conftest import Mesh, StartMesh, descendants, living
+
+pytestmark = pytest.mark.slow
+
+READY_S = 90.0
+COMPONENTS = 1 + len(streams.STREAMS) + len(streams.KV_BUCKETS) + len(streams.OBJECT_STORES)
+COMPONENTS += len(subjects.SERVICES)
+
+
+async def ready(mesh: Mesh) -> dict[str, dict[str, object]]:
+    async def probe() -> httpx.Response | None:
+        assert mesh.process.poll() is None, f"fleet up exited:\n{mesh.printed()}"
+        async with httpx.AsyncClient(timeout=5) as client:
+            response = await client.get(f"{mesh.gateway}/ready")
+        return response if response.status_code == 200 else None
+
+    response = await eventually(probe, timeout=READY_S, interval=0.2, what="/ready to say 200")
+    return {c["name"]: c for c in response.json()["components"]}
+
+
+async def ping(nc: Client, service: str) -> Pong | None:
+    try:
+        return await rpc.call(nc, subjects.ping(service), Ping(), Pong, timeout=0.5)
+    except (TimeoutError, rpc.RemoteError):
+        return None
+    except Exception:  # no responders while the service restarts
+        return None
+
+
+async def test_fleet_up_from_a_clean_state_reaches_ready_with_every_component_up(
+    start_mesh: StartMesh,
+) -> None:
+    mesh = start_mesh()
+    components = await ready(mesh)
+    assert len(components) == COMPONENTS
+    assert {name: c["state"] for name, c in components.items() if c["state"] != "up"} == {}
+    await eventually(
+        lambda: f"fleet is ready: {mesh.gateway}" in mesh.printed(), timeout=10, what="URL"
+    )
+    logs = mesh.data_dir / "logs"
+    for name in (*subjects.SERVICES, "nats", "fleet-up"):
+        assert (logs / f"{name}.log").stat().st_size > 0, name
+    status = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "fleet_cli", "status", "--data-dir", str(mesh.data_dir)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(status.communicate(), 30)
+    assert status.returncode == 0, out.decode()
+    assert ": ready" in out.decode()
+
+
+async def test_sigterm_to_fleet_up_stops_everything_and_leaves_no_process_behind(
+    start_mesh: StartMesh,
+) -> None:
+    mesh = start_mesh()
+    await ready(mesh)
+    tree = descendants(mesh.process.pid)
+    groups = {p.pgid for p in living(tree, set())}
+    assert len(tree) >= len(subjects.SERVICES) + 1  # five services and nats-server, at least
+    mesh.process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(mesh.process.wait, 30) == 0
+    assert living(tree, groups) == []
+    assert not (mesh.data_dir / "up.json").exists()
+    assert "fleet stopped" in mesh.printed()
+
+
+async def test_a_service_killed_with_sigkill_is_restarted_and_answers_again(
+    start_mesh: StartMesh,
+) -> None:
+    mesh = start_mesh()
+    await ready(mesh)
+    nc = await connect(str(mesh.state()["nats"]), name="test")
+    try:
+        before = await eventually(lambda: ping(nc, "agent"), timeout=10, what="agent ping")
+        os.kill(before.pid, signal.SIGKILL)
+
+        async def new_agent() -> Pong | None:
+            pong = await ping(nc, "agent")
+            return pong if pong is not None and pong.pid != before.pid else None
+
+        after = await eventually(new_agent, timeout=30, what="a restarted agent to answer")
+    finally:
+        await nc.close()
+    assert after.replica != before.replica
+    assert after.pid in descendants(mesh.process.pid)
+    await eventually(lambda: "agent exited with -9" in mesh.printed(), timeout=10, what="log")
+    await ready(mesh)
+
+
+async def test_ready_reports_a_hung_service_as_down_with_503(start_mesh: StartMesh) -> None:
+    mesh = start_mesh()
+    await ready(mesh)
+    nc = await connect(str(mesh.state()["nats"]), name="test")
+    try:
+        quality = await eventually(lambda: ping(nc, "quality"), timeout=10, what="quality ping")
+    finally:
+        await nc.close()
+    os.kill(quality.pid, signal.SIGSTOP)  # alive to the supervisor, silent on the bus
+    try:
+        response = await asyncio.to_thread(mesh.ready)
+        assert response.status_code == 503
+        components = {c["name"]: c for c in response.json()["components"]}
+        assert components["quality"]["state"] == "down"
+        assert "no answer within" in components["quality"]["detail"]
+        assert [n for n, c in components.items() if c["state"] == "down"] == ["quality"]
+    finally:
+        os.kill(quality.pid, signal.SIGCONT)
+    await ready(mesh)
+
+
+async def test_with_nats_url_set_fleet_up_joins_that_server_instead_of_starting_one(
+    start_mesh: StartMesh, nats_server: NatsServer
+) -> None:
+    mesh = start_mesh(env={"NATS_URL": nats_server.url})
+    components = await ready(mesh)
+    assert mesh.state()["nats"] == nats_server.url
+    assert str(nats_server.port) in str(components["nats"]["detail"])
+    assert not (mesh.data_dir / "nats").exists()
+    assert nats_server.process is not None
+    assert nats_server.process.pid not in descendants(mesh.process.pid)

@@ -36,7 +36,7 @@ async def ready(nc: Client, replicas: list[Replica]) -> None:
             raise TimeoutError(f"replicas {sorted(wanted - seen)} never answered ping")
         try:
             pong = await rpc.call(nc, subjects.ping("budget"), Ping(), Pong, timeout=0.5)
-            if "workers" in pong.details:  # set at the end of setup: its subscriptions are live
+            if "concurrency" in pong.details:  # set at the end of setup: its subscriptions are live
                 seen.add(pong.replica)
         except Exception:  # noqa: S110 - starting up: no responders yet
             pass

@@ -108,7 +108,7 @@ def replayed(events: list[StoredEvent]) -> TreeState:
 
 async def wait_ready(nc: Client, replicas: list[Replica]) -> None:
     """Every replica has finished setup: ping is answered before setup runs, so readiness is the
-    `workers` detail that setup sets last, after its subscriptions."""
+    `concurrency` detail that setup sets last, after its subscriptions."""
     wanted = {r.env["FLEET_REPLICA"] for r in replicas}
     seen: set[str] = set()
 
@@ -117,7 +117,7 @@ async def wait_ready(nc: Client, replicas: list[Replica]) -> None:
             pong = await rpc.call(nc, subjects.ping("budget"), Ping(), Pong, timeout=0.5)
         except (NatsTimeout, NoRespondersError):
             return False
-        if "workers" in pong.details:
+        if "concurrency" in pong.details:
             seen.add(pong.replica)
         return wanted <= seen
 

@@ -111,21 +111,22 @@ async def test_mixed_sizes_never_exceed_the_limit_and_each_refusal_is_justified_
 async def test_a_replica_killed_mid_flight_loses_and_doubles_no_grant(
     nc: Client, replicas: list[Replica], store: EventStore
 ) -> None:
-    tree = await open_tree(nc, 400)
-    requests = [Grant(request_id=new_id(), tree=tree, run="r") for _ in range(600)]
+    tree = await open_tree(nc, 1000)
+    requests = [Grant(request_id=new_id(), tree=tree, run="r") for _ in range(1500)]
     retries: list[str] = []
-    calls = [
-        asyncio.ensure_future(
-            call(nc, "grant", r, GrantReply, attempt_timeout=1.0, on_retry=retries.append)
-        )
-        for r in requests
-    ]
+    in_flight = asyncio.Semaphore(60)  # a steady stream, so the kill lands mid-stream
 
-    async def victim_has_written() -> bool:
-        return any(e.envelope.actor.replica == "budget-0" for e in await ledger(store, tree))
+    async def client(request: Grant) -> GrantReply:
+        async with in_flight:
+            return await call(
+                nc, "grant", request, GrantReply, attempt_timeout=1.0, on_retry=retries.append
+            )
 
-    await eventually(victim_has_written, timeout=20, what="budget-0 to grant something")
-    replicas[0].kill()  # SIGKILL while most requests are still queued or in flight
+    calls = [asyncio.ensure_future(client(r)) for r in requests]
+    await eventually(
+        lambda: sum(c.done() for c in calls) >= 150, timeout=30, interval=0.002, what="150 replies"
+    )
+    replicas[0].kill()  # SIGKILL while requests are queued at it, in flight and mid-append
 
     replies = await asyncio.gather(*calls)
 
@@ -135,6 +136,6 @@ async def test_a_replica_killed_mid_flight_loses_and_doubles_no_grant(
     granted = {e.envelope.id for e in events if isinstance(e.envelope.data, Granted)}
     answered = {r.request_id for r, a in zip(requests, replies, strict=True) if a.granted}
     assert granted == answered  # every grant a client saw is on the ledger, and only those
-    assert len(granted) == 400
-    assert replayed(events).granted == 400
-    assert retries  # the kill did cut requests off: their clients had to resend them
+    assert len(granted) == 1000
+    assert replayed(events).granted == 1000
+    assert retries  # the kill did cut requests off: their clients had to send them again

@@ -16,9 +16,9 @@ async def setup(ctx: service.ServiceContext, settings: BudgetSettings | None = N
     stamina.instrumentation.set_on_retry_hooks([])
     store = await open_store(ctx.js, streams.BUDGET)
     budget = Budget(store, ctx.js, ctx.actor, settings)
-    await subscribe(ctx, budget, workers=settings.workers)
-    # Set last: a pong carrying `workers` tells callers this replica's subscriptions are live.
-    ctx.ping_details = lambda: {"workers": settings.workers}
+    await subscribe(ctx, budget, concurrency=settings.concurrency)
+    # Set last: a pong carrying `concurrency` tells callers this replica's subscriptions are live.
+    ctx.ping_details = lambda: {"concurrency": settings.concurrency}
 
 
 def main() -> None:

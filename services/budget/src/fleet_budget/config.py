@@ -16,8 +16,8 @@ class BudgetSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FLEET_BUDGET_", frozen=True)
 
-    workers: int = Field(default=16, ge=1, le=256)
-    """Requests one replica handles at once (requests on one tree still go one at a time)."""
+    concurrency: int = Field(default=64, ge=1, le=4096)
+    """Requests of one verb a replica handles at once (those on one tree take turns)."""
     conflict_attempts: int = Field(default=16, ge=1)
     conflict_deadline_s: float = Field(default=1.5, gt=0)
     """Bounded below the client's attempt timeout, so a reply always comes before the retry."""

@@ -1,4 +1,4 @@
-"""The budget's use cases: validate, load the ledger, decide, append; tenant days first.
+"""The budget's use cases: validate, decide against the ledger, append; tenant days first.
 
 A grant for a tenant with daily caps touches two ledgers. The tenant's day is charged first
 and the tree second, so a crash in between can only over-count the tenant (the caller's retry,
@@ -6,6 +6,7 @@ with the same request id, finds the charge and does not repeat it) and never let
 exceed its cap. A charge whose tree grant is then refused is handed back (`TenantReleased`).
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from fleet_budget.domain import (
     validate,
 )
 from fleet_budget.errors import UnknownTree
-from fleet_budget.ledger import Cached, Ledgers, envelope_for
+from fleet_budget.ledger import Ledgers, envelope_for
 from fleet_events import Actor, Envelope, Event, utc_now
 from fleet_events.budget import (
     AdmitChild,
@@ -65,6 +66,14 @@ class _Run:
     turn: str | None = None
 
 
+def _clone_tree(state: TreeState) -> TreeState:
+    return dataclasses.replace(state, decisions=dict(state.decisions))
+
+
+def _clone_day(state: TenantDayState) -> TenantDayState:
+    return dataclasses.replace(state, decisions=dict(state.decisions))
+
+
 class Budget:
     def __init__(
         self,
@@ -84,10 +93,11 @@ class Budget:
             "deadline_s": settings.conflict_deadline_s,
         }
         self.trees: Ledgers[TreeState] = Ledgers(
-            store, js, actor, initial=TreeState, evolve=evolve, **common
-        )
+            store, js, initial=TreeState, evolve=evolve, clone=_clone_tree, stale=(UnknownTree,),
+            **common,
+        )  # fmt: skip
         self.tenants: Ledgers[TenantDayState] = Ledgers(
-            store, js, actor, initial=TenantDayState, evolve=evolve_tenant, **common
+            store, js, initial=TenantDayState, evolve=evolve_tenant, clone=_clone_day, **common
         )
 
     # --- use cases -------------------------------------------------------------------------
@@ -96,55 +106,49 @@ class Budget:
         validate(command)
         day = self._today()
         context = _Run(command.root_run, command.session, command.turn)
-        decision, state, seq = await self._on_tree(
+        decision = await self._submit(
             command, context, lambda s: decide(s, command, tenant_day=day)
         )
+        now = await self._status(command.tree)
         if isinstance(decision.event, OpenRefused):
             return OpenReply(
                 opened=False,
                 reason=decision.event.reason,
                 message=decision.event.message,
-                status=status(state, seq),
+                status=now,
             )
-        return OpenReply(opened=True, status=status(state, seq))
+        return OpenReply(opened=True, status=now)
 
     async def grant(self, command: Grant) -> GrantReply:
         validate(command)
-        subject = tree_subject(command.tree)
-        async with self.trees.locked(subject) as cached:
-            await self._known(subject, cached, command.tree)
-            first = decide(cached.state, command)
-            refusal: TenantRefused | None = None
-            caps = self._settings.caps_for(cached.state.tenant)
-            charged = False
-            if first.new and isinstance(first.event, Granted) and caps.any:
-                charge = await self._charge(cached.state, command.request_id, command.calls, caps)
-                refusal = charge if isinstance(charge, TenantRefused) else None
-                charged = isinstance(charge, TenantCharged)
+        tree = await self._known(command.tree)
+        first = decide(tree, command)  # a preview on this replica's cache, to charge the tenant
+        caps = self._settings.caps_for(tree.tenant)
+        refusal: TenantRefused | None = None
+        charged = False
+        if first.new and isinstance(first.event, Granted) and caps.any:
+            charge = await self._charge(tree, command.request_id, command.calls, caps)
+            refusal = charge if isinstance(charge, TenantRefused) else None
+            charged = isinstance(charge, TenantCharged)
 
-            def answer(state: TreeState) -> Decision:
-                decision = decide(state, command)
-                if decision.new and isinstance(decision.event, Granted) and refusal:
-                    return Decision(refused_by_tenant(state, command, refusal), new=True)
-                return decision
+        def answer(state: TreeState) -> Decision:
+            decision = decide(state, command)
+            if decision.new and isinstance(decision.event, Granted) and refusal:
+                return Decision(refused_by_tenant(state, command, refusal), new=True)
+            return decision
 
-            decision = await self._append(subject, cached, command, _Run(command.run), answer)
-            if charged and decision.new and not isinstance(decision.event, Granted):
-                await self._release(cached.state, command.request_id, command.calls)
+        decision = await self._submit(command, _Run(command.run), answer)
+        if charged and decision.new and not isinstance(decision.event, Granted):
+            await self._release(tree, command.request_id, command.calls)
         return _grant_reply(decision.event)
 
     async def record_usage(self, command: RecordUsage) -> UsageReply:
         validate(command)
-        subject = tree_subject(command.tree)
-        async with self.trees.locked(subject) as cached:
-            await self._known(subject, cached, command.tree)
-            caps = self._settings.caps_for(cached.state.tenant)
-            if caps.cost_per_day is not None and command.request_id not in cached.state.decisions:
-                await self._charge_cost(cached.state, command.request_id, command.cost)
-            await self._append(
-                subject, cached, command, _Run(command.run), lambda s: decide(s, command)
-            )
-            state = cached.state
+        tree = await self._known(command.tree)
+        if self._settings.caps_for(tree.tenant).cost_per_day is not None:
+            await self._charge_cost(tree, command.request_id, command.cost)
+        await self._submit(command, _Run(command.run), lambda s: decide(s, command))
+        state = (await self.trees.current(tree_subject(command.tree))).state
         return UsageReply(
             tokens_used=state.tokens_used,
             cost_used=state.cost_used,
@@ -153,59 +157,48 @@ class Budget:
 
     async def admit(self, command: AdmitChild) -> AdmitReply:
         validate(command)
-        context = _Run(command.parent_run)
-        decision, state, _ = await self._on_tree(command, context, lambda s: decide(s, command))
+        decision = await self._submit(
+            command, _Run(command.parent_run), lambda s: decide(s, command)
+        )
+        max_depth = (await self.trees.current(tree_subject(command.tree))).state.max_depth
         match decision.event:
             case ChildRefused(reason=reason, message=message):
                 return AdmitReply(
                     admitted=False,
                     depth=command.depth,
-                    max_depth=state.max_depth,
+                    max_depth=max_depth,
                     reason=reason,
                     message=message,
                 )
-        return AdmitReply(admitted=True, depth=command.depth, max_depth=state.max_depth)
+        return AdmitReply(admitted=True, depth=command.depth, max_depth=max_depth)
 
     async def close(self, command: CloseTree) -> TreeStatus:
         validate(command)
-        _, state, seq = await self._on_tree(command, _Run(), lambda s: _close(s, command))
-        return status(state, seq)
+        await self._submit(command, _Run(), lambda s: _close(s, command))
+        return await self._status(command.tree)
 
     async def status(self, query: GetStatus) -> TreeStatus:
-        subject = tree_subject(query.tree)
-        async with self.trees.locked(subject) as cached:
-            await self.trees.catch_up(subject, cached)
-            await self._known(subject, cached, query.tree)
-            return status(cached.state, cached.head.seq)
+        await self._known(query.tree, fresh=True)
+        return await self._status(query.tree)
 
     # --- plumbing ----------------------------------------------------------------------------
 
-    async def _on_tree(
-        self, command: Command, context: _Run, answer: Callable[[TreeState], Decision]
-    ) -> tuple[Decision, TreeState, int]:
-        subject = tree_subject(command.tree)
-        async with self.trees.locked(subject) as cached:
-            if not isinstance(command, OpenTree):
-                await self._known(subject, cached, command.tree)
-            decision = await self._append(subject, cached, command, context, answer)
-            return decision, cached.state, cached.head.seq
+    async def _status(self, tree: str) -> TreeStatus:
+        cached = await self.trees.current(tree_subject(tree))
+        return status(cached.state, cached.head.seq)
 
-    async def _known(self, subject: str, cached: Cached[TreeState], tree: str) -> None:
+    async def _known(self, tree: str, *, fresh: bool = False) -> TreeState:
         """A tree unknown to this replica may have been opened through another one."""
-        if cached.state.opened:
-            return
-        await self.trees.catch_up(subject, cached)
+        subject = tree_subject(tree)
+        cached = await self.trees.current(subject, fresh=fresh)
         if not cached.state.opened:
-            self.trees.forget(subject)
+            cached = await self.trees.current(subject, fresh=True)
+        if not cached.state.opened:
             raise UnknownTree(tree)
+        return cached.state
 
-    async def _append(
-        self,
-        subject: str,
-        cached: Cached[TreeState],
-        command: Command,
-        context: _Run,
-        answer: Callable[[TreeState], Decision],
+    async def _submit(
+        self, command: Command, context: _Run, answer: Callable[[TreeState], Decision]
     ) -> Decision:
         def wrap(state: TreeState, event: Event) -> Envelope[Any]:
             tenant = command.tenant if isinstance(command, OpenTree) else state.tenant
@@ -220,21 +213,18 @@ class Budget:
                 correlation=command.tree,
             )
 
-        return await self.trees.decide_and_append(subject, cached, command.request_id, answer, wrap)
+        return await self.trees.submit(tree_subject(command.tree), command.request_id, answer, wrap)
 
     async def _charge(
         self, tree: TreeState, request_id: str, calls: int, caps: TenantCaps
     ) -> Event:
-        subject = tenant_day_subject(tree.tenant, tree.tenant_day)
         charge_id = _on_tenant(request_id)
-        async with self.tenants.locked(subject) as cached:
-            decision = await self.tenants.decide_and_append(
-                subject,
-                cached,
-                charge_id,
-                lambda s: charge_tenant(s, charge_id, tree.tree, calls, caps, tree.tenant_day),
-                self._tenant_envelope(tree, charge_id),
-            )
+        decision = await self.tenants.submit(
+            tenant_day_subject(tree.tenant, tree.tenant_day),
+            charge_id,
+            lambda s: charge_tenant(s, charge_id, tree.tree, calls, caps, tree.tenant_day),
+            self._tenant_envelope(tree, charge_id),
+        )
         return decision.event
 
     async def _charge_cost(self, tree: TreeState, request_id: str, cost: float) -> None:
@@ -246,16 +236,16 @@ class Budget:
         await self._tenant_fact(tree, f"{request_id}:released", released)
 
     async def _tenant_fact(self, tree: TreeState, event_id: str, event: Event) -> None:
-        subject = tenant_day_subject(tree.tenant, tree.tenant_day)
-
         def once(state: TenantDayState) -> Decision:
             known = state.decisions.get(event_id)
             return Decision(known, new=False) if known else Decision(event, new=True)
 
-        async with self.tenants.locked(subject) as cached:
-            await self.tenants.decide_and_append(
-                subject, cached, event_id, once, self._tenant_envelope(tree, event_id)
-            )
+        await self.tenants.submit(
+            tenant_day_subject(tree.tenant, tree.tenant_day),
+            event_id,
+            once,
+            self._tenant_envelope(tree, event_id),
+        )
 
     def _tenant_envelope(
         self, tree: TreeState, event_id: str

@@ -25,9 +25,8 @@ def _answering(handler: Callable[[Req], Awaitable[Any]]) -> Callable[[Req], Awai
     return answer
 
 
-async def subscribe(ctx: ServiceContext, budget: Budget, *, workers: int) -> None:
-    """Each verb gets `workers` subscriptions in the queue group: one replica serves that many
-    requests at once (a nats-py subscription runs its callback one message at a time)."""
+async def subscribe(ctx: ServiceContext, budget: Budget, *, concurrency: int) -> None:
+    """Every verb in the `budget` queue group, up to `concurrency` requests at once per verb."""
     routes: list[tuple[str, type[Any], Callable[[Any], Awaitable[Any]]]] = [
         ("open", OpenTree, budget.open),
         ("grant", Grant, budget.grant),
@@ -37,5 +36,9 @@ async def subscribe(ctx: ServiceContext, budget: Budget, *, workers: int) -> Non
         ("status", GetStatus, budget.status),
     ]
     for verb, request_type, handler in routes:
-        for _ in range(workers):
-            await ctx.serve(subjects.rpc("budget", verb), request_type, _answering(handler))
+        await ctx.serve(
+            subjects.rpc("budget", verb),
+            request_type,
+            _answering(handler),
+            concurrency=concurrency,
+        )

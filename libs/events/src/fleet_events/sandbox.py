@@ -163,6 +163,7 @@ class CreateSandbox(Request, frozen=True, kw_only=True):
     repo_url: str | None = None
     ref: str | None = None
     context_files: dict[str, BlobRef] = {}
+    fork_ready: bool = True  # keep a per-cell checkpoint so mid-cell forks see the last cell
 
 
 class SandboxRef(Request, frozen=True, kw_only=True):

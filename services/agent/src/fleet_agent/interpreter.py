@@ -1,0 +1,313 @@
+"""`RemoteInterpreter`: dspy 3.4.1's `CodeInterpreter`, running code in a broker sandbox.
+
+An interpreter is a REPL *context* on a sandbox (usually the session's): `start()` opens the
+context and the tool inbox, `execute()` runs a cell over the bus, `shutdown()` closes the
+context and is terminal for the interpreter, but never deletes the sandbox.
+
+The contract, as dspy's own `LocalInterpreter` keeps it:
+- `tools` is a plain mutable dict, re-read at every execute and at every tool call (a tool
+  removed from it is gone, even mid-run);
+- variables must be JSON-compatible after `pydantic_core.to_jsonable_python` (so `dspy.History`
+  and other pydantic inputs work); each is sent once by content hash and cached in the sandbox,
+  because RLM re-sends every input on every iteration;
+- `SUBMIT(...)` ends the cell at once and `execute` returns `FinalOutput`;
+- `SyntaxError` for code that does not parse, `CodeExecutionError` for errors the model can
+  fix, a bare `CodeInterpreterError` (terminal) when the sandbox stopped or the bus failed.
+"""
+
+import contextlib
+import contextvars
+import hashlib
+import inspect
+import json
+import keyword
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from dspy.primitives.code_interpreter import (
+    CodeExecutionError,
+    CodeInterpreterError,
+    FinalOutput,
+)
+from dspy.primitives.local_interpreter import _await_in_sync
+from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from pydantic_core import to_jsonable_python
+
+from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import sandbox as sb
+from fleet_events.envelope import new_id
+from fleet_mesh import rpc
+
+RESERVED = frozenset({"SUBMIT", "__builtins__"})
+
+EXECUTION_INSTRUCTIONS = (
+    "Code runs as Python in a persistent REPL inside an isolated sandbox (no network, its own "
+    "workspace directory as the current directory). State, imports, functions and variables "
+    "persist between steps. Host tools and SUBMIT are global functions; tool arguments and "
+    "results must be JSON-compatible. Large inputs are files in the workspace."
+)
+
+
+def _valid_name(name: object) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
+class _Encoded:
+    __slots__ = ("digest", "text", "value")
+
+    def __init__(self, value: Any, text: str, digest: str) -> None:
+        self.value = value
+        self.text = text
+        self.digest = digest
+
+
+class RemoteInterpreter:
+    execution_instructions = EXECUTION_INSTRUCTIONS
+
+    def __init__(
+        self,
+        bus: SandboxBus,
+        sandbox: str,
+        *,
+        tools: dict[str, Callable[..., Any]] | None = None,
+        output_fields: list[dict[str, Any]] | None = None,
+        context: str | None = None,
+        wall_s: float | None = None,
+        callback_timeout_s: float = 600.0,
+        request_timeout_s: float = 3600.0,
+    ) -> None:
+        self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
+        self.output_fields = output_fields
+        self.bus = bus
+        self.sandbox = sandbox
+        self.id = new_id()
+        self.context = context or self.id
+        self.wall_s = wall_s
+        self.callback_timeout_s = callback_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._state_lock = threading.Lock()
+        self._exec_lock = threading.Lock()
+        self._started = False
+        self._ended = False
+        self._inbox: Subscription | None = None
+        self._sent: set[str] = set()
+        self._memo: dict[int, _Encoded] = {}
+        self._caller: contextvars.Context = contextvars.copy_context()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._state_lock:
+            if self._ended:
+                raise CodeInterpreterError("this interpreter has been shut down")
+            if self._started:
+                return
+            try:
+                self._inbox = self.bus.serve_tools(self.id, self._on_tool)
+                request = sb.OpenContext(
+                    request_id=new_id(),
+                    tenant=self.bus.tenant,
+                    sandbox=self.sandbox,
+                    context=self.context,
+                    interpreter=self.id,
+                )
+                self.bus.call(sb.sandbox_rpc(self.sandbox, "open"), request, sb.Ack, timeout=30)
+            except Exception as exc:
+                self._ended = True
+                if self._inbox is not None:
+                    self.bus.unsubscribe(self._inbox)
+                raise CodeInterpreterError(
+                    f"cannot open a REPL context on sandbox {self.sandbox}: {_describe(exc)}"
+                ) from exc
+            self._started = True
+
+    def shutdown(self) -> None:
+        with self._state_lock:
+            if self._ended:
+                return
+            self._ended = True
+            started, self._started = self._started, False
+        if not started:
+            return
+        request = sb.CloseContext(
+            request_id=new_id(), tenant=self.bus.tenant, sandbox=self.sandbox, context=self.context
+        )
+        try:
+            # A stopped or unreachable sandbox has no context left to close.
+            with contextlib.suppress(Exception):
+                self.bus.call(sb.sandbox_rpc(self.sandbox, "close"), request, sb.Ack, timeout=10)
+        finally:
+            if self._inbox is not None:
+                self.bus.unsubscribe(self._inbox)
+                self._inbox = None
+
+    def __enter__(self) -> "RemoteInterpreter":
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.shutdown()
+
+    def __call__(self, code: str, variables: dict[str, Any] | None = None) -> Any:
+        return self.execute(code, variables)
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
+        if not self._exec_lock.acquire(blocking=False):
+            raise CodeInterpreterError("this interpreter already has an execution in flight")
+        try:
+            return self._execute(code, variables)
+        finally:
+            self._exec_lock.release()
+
+    def _execute(self, code: str, variables: dict[str, Any] | None) -> Any:
+        if self._ended:
+            raise CodeInterpreterError("this interpreter has been shut down")
+        if not isinstance(code, str):
+            raise CodeInterpreterError("code must be a string")
+        tools = dict(self.tools)
+        bad_tools = [n for n in tools if not _valid_name(n) or n in RESERVED]
+        if bad_tools:
+            raise CodeInterpreterError(f"tool names must be Python identifiers: {bad_tools!r}")
+        encoded = self._encode_variables(variables or {}, tools)
+        if not self._started:
+            self.start()
+        self._caller = contextvars.copy_context()
+        names = {name: item.digest for name, item in encoded.items()}
+        unsent = {i.digest: i.text for i in encoded.values() if i.digest not in self._sent}
+        reply = self._send(code, names, unsent, list(tools))
+        if reply.kind == "missing":
+            everything = {i.digest: i.text for i in encoded.values()}
+            reply = self._send(code, names, {d: everything[d] for d in reply.missing}, list(tools))
+        self._sent.update(names.values())
+        return self._outcome(reply)
+
+    def _encode_variables(
+        self, variables: dict[str, Any], tools: dict[str, Any]
+    ) -> dict[str, _Encoded]:
+        if not isinstance(variables, dict):
+            raise CodeInterpreterError("variables must be a dict of names to values")
+        bad = [n for n in variables if not _valid_name(n) or n in RESERVED or n in tools]
+        if bad:
+            raise CodeInterpreterError(
+                "variable names must be Python identifiers distinct from tool names and "
+                f"SUBMIT: {bad!r}"
+            )
+        encoded = {}
+        memo: dict[int, _Encoded] = {}
+        for name, value in variables.items():
+            known = self._memo.get(id(value))
+            if known is not None and known.value is value:
+                memo[id(value)] = encoded[name] = known
+                continue
+            try:
+                text = json.dumps(to_jsonable_python(value), allow_nan=False)
+            except (TypeError, ValueError, Exception) as exc:
+                raise CodeInterpreterError(
+                    f"variable {name!r} cannot be sent to the sandbox as JSON: {exc}"
+                ) from exc
+            item = _Encoded(value, text, hashlib.sha256(text.encode()).hexdigest())
+            encoded[name] = item
+            if isinstance(value, str | bytes | int | float | tuple | frozenset):
+                memo[id(value)] = item  # immutable: identity means same content
+        self._memo = memo
+        return encoded
+
+    def _send(
+        self, code: str, names: dict[str, str], blobs: dict[str, str], tools: list[str]
+    ) -> sb.ExecuteReply:
+        request = sb.Execute(
+            request_id=new_id(),
+            tenant=self.bus.tenant,
+            sandbox=self.sandbox,
+            context=self.context,
+            code=code,
+            variables=names,
+            blobs=blobs,
+            tools=tools,
+            output_fields=self.output_fields,
+            wall_s=self.wall_s,
+            callback_timeout_s=self.callback_timeout_s,
+        )
+        try:
+            return self.bus.call(
+                sb.sandbox_rpc(self.sandbox, "exec"),
+                request,
+                sb.ExecuteReply,
+                timeout=self.request_timeout_s,
+            )
+        except Exception as exc:
+            self._terminal()
+            raise CodeInterpreterError(
+                f"sandbox {self.sandbox} failed to run the cell: {_describe(exc)}"
+            ) from exc
+
+    def _outcome(self, reply: sb.ExecuteReply) -> Any:
+        match reply.kind:
+            case "result":
+                return reply.value if reply.value is not None else (reply.stdout or None)
+            case "final":
+                return FinalOutput(reply.value)
+            case "syntax":
+                raise SyntaxError(reply.error)
+            case "error":
+                raise CodeExecutionError(_with_output(reply.error, reply.stdout))
+            case _:
+                self._terminal()
+                raise CodeInterpreterError(reply.error or "the sandbox stopped")
+
+    def _terminal(self) -> None:
+        with self._state_lock:
+            self._ended = True
+        if self._inbox is not None:
+            self.bus.unsubscribe(self._inbox)
+            self._inbox = None
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def _on_tool(self, call: sb.ToolCall) -> sb.ToolReply:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return sb.ToolReply(ok=False, error=f"Unknown tool: {call.name}")
+        try:
+            result = self._caller.copy().run(tool, *call.args, **call.kwargs)
+            if inspect.isawaitable(result):
+                result = _await_in_sync(result)
+            value = to_jsonable_python(result)
+            json.dumps(value, allow_nan=False)
+        except Exception as exc:
+            return sb.ToolReply(ok=False, error=f"{type(exc).__name__}: {exc}")
+        return sb.ToolReply(ok=True, value=value)
+
+
+class RemoteInterpreterFactory:
+    """What `dspy.RLM(interpreter_factory=...)` takes: each call is a new context on one
+    sandbox. dspy reads `execution_instructions` from the factory, not the instance."""
+
+    execution_instructions = EXECUTION_INSTRUCTIONS
+
+    def __init__(self, bus: SandboxBus, sandbox: str, **options: Any) -> None:
+        self.bus = bus
+        self.sandbox = sandbox
+        self.options = options
+
+    def __call__(self) -> RemoteInterpreter:
+        return RemoteInterpreter(self.bus, self.sandbox, **self.options)
+
+
+def _with_output(error: str, stdout: str) -> str:
+    return f"{error}\nOutput before the error:\n{stdout}" if stdout else error
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, rpc.RemoteError):
+        return f"{exc.code}: {exc.message}"
+    if isinstance(exc, NoRespondersError):
+        return "no broker replica holds this sandbox (it is gone or its broker restarted)"
+    if isinstance(exc, TimeoutError | NatsTimeout):
+        return "the broker did not answer in time"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,194 @@
+"""The agent's line to the sandbox broker, usable from synchronous dspy code.
+
+dspy calls interpreters synchronously, from any thread, sometimes from inside a running event
+loop (`aforward`), and a tool may build a nested interpreter while an outer `execute` is
+blocked. So the bus owns one event loop in a daemon thread with its own NATS connection; every
+call is submitted to it and waited for from the caller's thread, and every tool callback runs
+in a thread of its own, never on the loop (a tool may itself call the bus).
+"""
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from fleet_events import sandbox as sb
+from fleet_events import subjects
+from fleet_events.envelope import new_id
+from fleet_mesh import rpc
+from fleet_mesh.connection import connect
+
+T = TypeVar("T")
+ToolHandler = Callable[[sb.ToolCall], sb.ToolReply]
+
+_encoder = msgspec.json.Encoder()
+_tool_calls = msgspec.json.Decoder(sb.ToolCall)
+
+
+class BusClosed(RuntimeError):
+    pass
+
+
+class SandboxBus:
+    def __init__(self, url: str, *, tenant: str, name: str = "agent-interpreters") -> None:
+        self.url = url
+        self.tenant = tenant
+        self._name = name
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=name)
+        self._nc: Client | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> "SandboxBus":
+        self._thread.start()
+        self._nc = self.run(connect(self.url, name=self._name), timeout=timeout)
+        return self
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                self.run(self._nc.drain(), timeout=5, allow_closed=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> "SandboxBus":
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def run(self, work: Coroutine[Any, Any, T], *, timeout: float, allow_closed: bool = False) -> T:
+        if self._closed and not allow_closed:
+            work.close()
+            raise BusClosed("the sandbox bus is closed")
+        if threading.current_thread() is self._thread:
+            work.close()
+            raise RuntimeError("SandboxBus.run called on its own loop: that would deadlock")
+        future = asyncio.run_coroutine_threadsafe(work, self._loop)
+        return future.result(timeout)
+
+    @property
+    def nc(self) -> Client:
+        if self._nc is None:
+            raise BusClosed("the sandbox bus is not started")
+        return self._nc
+
+    def call(self, subject: str, request: Any, reply_type: type[T], *, timeout: float) -> T:
+        return self.run(
+            rpc.call(self.nc, subject, request, reply_type, timeout=timeout), timeout=timeout + 5
+        )
+
+    # -- broker conveniences -----------------------------------------------------------------
+
+    def create_sandbox(
+        self,
+        *,
+        labels: dict[str, str] | None = None,
+        limits: sb.Limits | None = None,
+        fork_ready: bool = True,
+        timeout: float = 30.0,
+    ) -> sb.SandboxInfo:
+        request = sb.CreateSandbox(
+            request_id=new_id(),
+            tenant=self.tenant,
+            labels=labels or {},
+            limits=limits,
+            fork_ready=fork_ready,
+        )
+        return self.call(sb.broker_rpc("create"), request, sb.SandboxInfo, timeout=timeout)
+
+    def fork_sandbox(self, sandbox: str, *, timeout: float = 30.0) -> sb.SandboxInfo:
+        request = sb.ForkSandbox(request_id=new_id(), tenant=self.tenant, sandbox=sandbox)
+        return self.call(sb.sandbox_rpc(sandbox, "fork"), request, sb.SandboxInfo, timeout=timeout)
+
+    def sandbox_info(self, sandbox: str, *, timeout: float = 10.0) -> sb.SandboxInfo:
+        request = sb.GetSandbox(request_id=new_id(), tenant=self.tenant, sandbox=sandbox)
+        return self.call(sb.sandbox_rpc(sandbox, "info"), request, sb.SandboxInfo, timeout=timeout)
+
+    def delete_sandbox(self, sandbox: str, *, timeout: float = 30.0) -> None:
+        request = sb.DeleteSandbox(request_id=new_id(), tenant=self.tenant, sandbox=sandbox)
+        self.call(sb.sandbox_rpc(sandbox, "delete"), request, sb.Ack, timeout=timeout)
+
+    def put_file(self, sandbox: str, path: str, data: bytes, *, timeout: float = 30.0) -> None:
+        request = sb.PutFile(
+            request_id=new_id(), tenant=self.tenant, sandbox=sandbox, path=path, data=data
+        )
+        self.call(sb.sandbox_rpc(sandbox, "put"), request, sb.FileInfo, timeout=timeout)
+
+    def read_file(self, sandbox: str, path: str, *, timeout: float = 30.0) -> bytes:
+        request = sb.GetFile(request_id=new_id(), tenant=self.tenant, sandbox=sandbox, path=path)
+        content = self.call(
+            sb.sandbox_rpc(sandbox, "read"), request, sb.FileContent, timeout=timeout
+        )
+        return content.data or b""
+
+    # -- tool callbacks ----------------------------------------------------------------------
+
+    def serve_tools(self, interpreter: str, handler: ToolHandler) -> Subscription:
+        """Answer tool calls relayed to `fleet.callback.<interpreter>`, each in its own thread."""
+        loop = self._loop
+
+        async def on_call(msg: Msg) -> None:
+            if not msg.reply:
+                return
+            try:
+                call = _tool_calls.decode(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                await msg.respond(_encoder.encode(sb.ToolReply(ok=False, error=str(exc))))
+                return
+            reply = await _in_thread(loop, lambda: handler(call))
+            await msg.respond(_encoder.encode(reply))
+
+        async def on_msg(msg: Msg) -> None:
+            # nats-py runs one callback at a time per subscription: answer concurrently.
+            task = asyncio.ensure_future(on_call(msg))
+            _pending.add(task)
+            task.add_done_callback(_pending.discard)
+
+        return self.run(self.nc.subscribe(subjects.callback(interpreter), cb=on_msg), timeout=10)
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        with contextlib.suppress(Exception):
+            self.run(subscription.unsubscribe(), timeout=5)
+
+
+_pending: set[asyncio.Future[Any]] = set()
+
+
+def _in_thread(loop: asyncio.AbstractEventLoop, fn: Callable[[], T]) -> Awaitable[T]:
+    """Run `fn` in a new thread (a tool may block for minutes on a nested interpreter)."""
+    future: asyncio.Future[T] = loop.create_future()
+
+    def deliver(ok: bool, value: Any) -> None:
+        if future.done():
+            return
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def body() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:
+            loop.call_soon_threadsafe(deliver, False, exc)
+        else:
+            loop.call_soon_threadsafe(deliver, True, result)
+
+    threading.Thread(target=body, daemon=True, name="tool-call").start()
+    return future

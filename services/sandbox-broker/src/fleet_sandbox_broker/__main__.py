@@ -1,0 +1,3 @@
+from fleet_sandbox_broker.app import main
+
+main()

@@ -1,0 +1,39 @@
+"""Composition root of the sandbox broker, built the same way in tests."""
+
+from fleet_events import streams
+from fleet_events.codec import Codec
+from fleet_mesh import service
+from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.store import EventStore
+from fleet_sandbox_broker.config import BrokerSettings
+from fleet_sandbox_broker.providers.local import LocalProvider, LocalSettings
+from fleet_sandbox_broker.subscribers import Broker
+
+
+async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = None) -> Broker:
+    settings = settings or BrokerSettings()
+    provider = LocalProvider(
+        LocalSettings(
+            root=settings.root,
+            python=settings.python,
+            uid_base=settings.uid_base,
+            uid_count=settings.uid_count,
+            max_frame=settings.max_frame_bytes,
+            output_cap=settings.output_cap_chars,
+        )
+    )
+    blobs = await JetStreamBlobs.open(ctx.js)
+    store = EventStore(ctx.js, streams.SANDBOXES, Codec(blobs))
+    broker = Broker(ctx, provider, store, blobs, settings)
+    await broker.start()
+    ctx.on_stop.append(broker.close)
+    ctx.ping_details = lambda: {"sandboxes": len(broker.held)}
+    return broker
+
+
+async def _setup(ctx: service.ServiceContext) -> None:
+    await setup(ctx)
+
+
+def main() -> None:
+    service.run("sandbox-broker", _setup)

@@ -1,0 +1,734 @@
+"""The `local` provider: each sandbox is a Python process on this host, contained.
+
+Launch (the broker runs as root; see docs/sandboxes.md):
+
+    unshare --net --mount -- /bin/sh setup.sh <root> \
+        setpriv --reuid=U --regid=U --clear-groups --no-new-privs --bounding-set=-all \
+        /usr/bin/python3 -I <root>/<id>/runner.py
+
+- its own network namespace: no interface but a down loopback, so NATS, the LLM server and
+  the outside are unreachable;
+- its own mount namespace (setup.sh): /tmp, /var/tmp, /dev/shm and /run/lock are empty
+  read-only tmpfs; the sandbox root is bound back at its own path so its workspace resolves;
+- a uid of its own (one per fork family, from a pool), no groups, no capabilities, no way to
+  regain privileges; the workspace is mode 700, so sandboxes cannot read each other;
+- an environment built from nothing (PATH, HOME, TMPDIR, LANG, MALLOC_ARENA_MAX);
+- rlimits set by the runner before any user code: address space, CPU (per cell, soft; per
+  sandbox, hard), processes of its uid, file size, open files, no core dumps.
+"""
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet_events.envelope import new_id
+from fleet_events.sandbox import Capabilities, ExecuteReply, Limits, ToolCall, ToolReply
+from fleet_sandbox_broker.domain import Stopwatch
+from fleet_sandbox_broker.errors import (
+    ForkFailed,
+    PathRefused,
+    ProtocolViolation,
+    SandboxError,
+    SandboxStopped,
+    TooLarge,
+)
+from fleet_sandbox_broker.providers import frames
+from fleet_sandbox_broker.providers.base import ToolRelay
+
+log = logging.getLogger("fleet.sandbox.local")
+
+RUNNER = Path(__file__).with_name("runner.py")
+
+SETUP_SH = """set -e
+R="$1"; shift
+exec 8<"$R"
+mount -t tmpfs -o size=64k,mode=755 tmpfs /tmp
+for d in /var/tmp /dev/shm /run/lock; do
+  if [ -d "$d" ]; then mount -t tmpfs -o ro,size=4k,mode=755 tmpfs "$d"; fi
+done
+mkdir -p "$R"
+mount --no-canonicalize --bind /proc/self/fd/8 "$R"
+exec 8<&-
+mount -o remount,ro,size=64k /tmp
+exec "$@"
+"""
+
+CAPABILITIES = Capabilities(
+    fork=True,
+    fork_keeps_repl_memory=True,
+    durable_volumes=True,
+    network_isolation=True,
+    archive=False,
+)
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    root: Path
+    python: str = "/usr/bin/python3"
+    uid_base: int = 310000
+    uid_count: int = 4096
+    max_frame: int = 4 * 1024 * 1024
+    output_cap: int = 1024 * 1024
+    start_timeout_s: float = 15.0
+
+
+class UidPool:
+    """A uid per fork family. A claim is a held flock, so a dead broker's uids free themselves."""
+
+    def __init__(self, directory: Path, base: int, count: int) -> None:
+        self._dir = directory
+        self._base = base
+        self._count = count
+        self._held: dict[int, int] = {}
+        self._next = 0
+
+    def claim(self) -> int:
+        for _ in range(self._count):
+            uid = self._base + self._next
+            self._next = (self._next + 1) % self._count
+            if uid in self._held:
+                continue
+            fd = os.open(self._dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._held[uid] = fd
+            sweep_uid(uid)  # strays from a broker that died holding this uid
+            return uid
+        raise SandboxError(f"all {self._count} sandbox uids are in use")
+
+    def release(self, uid: int) -> None:
+        fd = self._held.pop(uid, None)
+        if fd is not None:
+            sweep_uid(uid)
+            os.close(fd)
+
+
+def sweep_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` (kill(-1) as that uid reaches exactly those)."""
+    subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "kill", "-9", "-1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+        timeout=10,
+    )
+
+
+def processes_of(uid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    found.append(int(entry))
+    return found
+
+
+@dataclass
+class _Exec:
+    future: "asyncio.Future[frames.ExecOutcome]"
+    watch: Stopwatch
+    relay: ToolRelay
+    context: str
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class LocalSandbox:
+    def __init__(
+        self,
+        provider: "LocalProvider",
+        sandbox_id: str,
+        uid: int,
+        limits: Limits,
+        channel: frames.Channel,
+        process: "subprocess.Popen[bytes] | None",
+    ) -> None:
+        self.id = sandbox_id
+        self.uid = uid
+        self.limits = limits
+        self.directory = provider.settings.root / sandbox_id
+        self.workspace = self.directory / "workspace"
+        self.pid: int | None = None
+        self._provider = provider
+        self._channel = channel
+        self._process = process
+        self._execs: dict[str, _Exec] = {}
+        self._waiters: dict[str, asyncio.Future[Any]] = {}
+        self._reason: str | None = None
+        self._limit: str | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.contexts: set[str] = set()
+        self.on_stop: list[Any] = []
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._reason is None
+
+    @property
+    def stopped_reason(self) -> str | None:
+        return self._reason
+
+    @property
+    def stopped_limit(self) -> str | None:
+        return self._limit
+
+    def _check_running(self) -> None:
+        if self._reason is not None:
+            raise SandboxStopped(f"sandbox {self.id} is stopped: {self._reason}")
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def start_reading(self) -> None:
+        self._reader = asyncio.create_task(self._read(), name=f"sandbox-{self.id}")
+
+    async def wait_ready(self, timeout: float) -> int:
+        try:
+            pid = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except TimeoutError:
+            await self.stop(f"did not start within {timeout:g} s", "exited")
+            raise SandboxStopped(f"sandbox {self.id} did not start within {timeout:g} s") from None
+        self.pid = pid
+        return pid
+
+    async def _read(self) -> None:
+        reason, limit = "the sandbox process exited", "exited"
+        try:
+            async for frame in self._channel.frames():
+                stop = await self._dispatch(frame)
+                if stop is not None:
+                    reason, limit = stop
+                    break
+        except TooLarge as exc:
+            reason, limit = f"{exc.message}; the sandbox was stopped", "frame_size"
+        except ProtocolViolation as exc:
+            reason, limit = f"{exc.message}; the sandbox was stopped", "protocol"
+        except Exception as exc:  # never let a sandbox take the broker down
+            log.exception("sandbox reader failed", extra={"sandbox": self.id})
+            reason, limit = f"broker error reading the sandbox: {exc!r}", "protocol"
+        if self._reason is None:
+            if limit == "exited" and self._process is not None:
+                code = await asyncio.to_thread(self._wait_exit)
+                if code is not None and code < 0:
+                    reason = f"the sandbox process was killed by signal {-code}"
+            await self.stop(reason, limit)
+
+    def _wait_exit(self) -> int | None:
+        assert self._process is not None
+        try:
+            return self._process.wait(2)
+        except subprocess.TimeoutExpired:
+            return None
+
+    async def _dispatch(self, frame: Any) -> tuple[str, str] | None:
+        match frame:
+            case frames.Ready(pid=pid):
+                if not self._ready.done():
+                    self._ready.set_result(pid)
+            case frames.ToolRequest():
+                if frame.exec not in self._execs:
+                    raise ProtocolViolation(f"tool call for unknown execution {frame.exec!r}")
+                task = asyncio.create_task(self._relay(frame))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            case frames.Fatal():
+                kind = {"cpu": "cpu_time", "memory": "memory"}.get(frame.kind, "exited")
+                label = {"cpu_time": "CPU time", "memory": "memory"}.get(kind, frame.kind)
+                limit_text = self._limit_text(kind)
+                return (
+                    f"{label} limit{limit_text} reached ({frame.error}); the sandbox was "
+                    "stopped and its REPL state is lost",
+                    kind,
+                )
+            case frames.Ok(req=req) | frames.Forked(fork=req) | frames.ForkRefused(fork=req):
+                waiter = self._waiters.pop(req, None)
+                if waiter is None:
+                    raise ProtocolViolation(f"answer to unknown request {req!r}")
+                if not waiter.done():
+                    waiter.set_result(frame)
+            case _:
+                pending = self._execs.pop(frame.exec, None)
+                if pending is None:
+                    raise ProtocolViolation(f"answer for unknown execution {frame.exec!r}")
+                pending.future.set_result(frame)
+                pending.changed.set()
+        return None
+
+    def _limit_text(self, kind: str) -> str:
+        if kind == "cpu_time":
+            return f" of {self.limits.cpu_s_per_cell} s per cell"
+        if kind == "memory":
+            return f" of {self.limits.memory_mb} MiB"
+        return ""
+
+    async def _relay(self, frame: frames.ToolRequest) -> None:
+        pending = self._execs.get(frame.exec)
+        if pending is None:
+            return
+        pending.watch.pause()
+        pending.changed.set()
+        try:
+            reply = await pending.relay(
+                ToolCall(
+                    request_id=new_id(),
+                    sandbox=self.id,
+                    context=pending.context,
+                    name=frame.name,
+                    args=frame.args,
+                    kwargs=frame.kwargs,
+                )
+            )
+        except Exception as exc:
+            reply = ToolReply(ok=False, error=f"host tool {frame.name!r} failed: {exc}")
+        finally:
+            pending.watch.resume()
+            pending.changed.set()
+        with contextlib.suppress(OSError):
+            await self._channel.send(
+                {
+                    "t": "tool_result",
+                    "id": frame.id,
+                    "ok": reply.ok,
+                    "value": reply.value,
+                    "error": reply.error,
+                }
+            )
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def _request(self, message: dict[str, Any], key: str, timeout: float) -> Any:
+        self._check_running()
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[key] = waiter
+        await self._channel.send(message)
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._waiters.pop(key, None)
+
+    async def open_context(self, context: str) -> None:
+        req = new_id()
+        await self._request({"t": "open", "ctx": context, "req": req}, req, 10)
+        self.contexts.add(context)
+
+    async def close_context(self, context: str) -> None:
+        if not self.running:
+            self.contexts.discard(context)
+            return
+        req = new_id()
+        await self._request({"t": "close", "ctx": context, "req": req}, req, 10)
+        self.contexts.discard(context)
+
+    async def execute(
+        self,
+        *,
+        context: str,
+        code: str,
+        variables: dict[str, str],
+        blobs: dict[str, str],
+        tools: list[str],
+        output_fields: list[dict[str, Any]] | None,
+        wall_s: float,
+        relay: ToolRelay,
+    ) -> ExecuteReply:
+        self._check_running()
+        exec_id = new_id()
+        loop = asyncio.get_running_loop()
+        pending = _Exec(loop.create_future(), Stopwatch(wall_s), relay, context)
+        self._execs[exec_id] = pending
+        await self._channel.send(
+            {
+                "t": "exec",
+                "exec": exec_id,
+                "ctx": context,
+                "code": code,
+                "vars": variables,
+                "blobs": blobs,
+                "tools": tools,
+                "output_fields": output_fields,
+            }
+        )
+        while not pending.future.done() and self.running:
+            pending.changed.clear()
+            if pending.watch.paused:
+                await pending.changed.wait()
+                continue
+            remaining = pending.watch.remaining()
+            if remaining <= 0:
+                await self.stop(
+                    f"execution exceeded the {wall_s:g} s wall-time limit (time waiting on host "
+                    "tools not counted); the sandbox was stopped and its REPL state is lost",
+                    "wall_time",
+                )
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pending.changed.wait(), remaining)
+        self._execs.pop(exec_id, None)
+        if not pending.future.done():
+            return ExecuteReply(kind="terminal", error=self._reason or "sandbox stopped")
+        return _reply(pending.future.result())
+
+    # -- fork --------------------------------------------------------------------------------
+
+    async def fork_into(self, child_id: str) -> "LocalSandbox":
+        self._check_running()
+        provider = self._provider
+        child_dir = provider.settings.root / child_id
+        copy = asyncio.create_task(provider.copy_sandbox_dir(self.directory, child_dir))
+        mine, theirs = socket.socketpair()
+        child = LocalSandbox(
+            provider,
+            child_id,
+            self.uid,
+            self.limits,
+            frames.Channel(mine, provider.settings.max_frame),
+            None,
+        )
+        key = new_id()
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[key] = waiter
+        try:
+            await copy
+            child.start_reading()
+            await self._channel.send(
+                {
+                    "t": "fork",
+                    "fork": key,
+                    "cwd": str(child.workspace),
+                    "env": _env_for(child.directory),
+                },
+                (theirs.fileno(),),
+            )
+            theirs.close()
+            answer = await asyncio.wait_for(waiter, 10)
+            if isinstance(answer, frames.ForkRefused):
+                raise ForkFailed(f"cannot fork sandbox {self.id}: {answer.error}")
+            pid = await child.wait_ready(10)
+        except BaseException:
+            theirs.close()
+            self._waiters.pop(key, None)
+            await child.stop("fork failed", "exited")
+            await provider.remove_dir(child_dir)
+            raise
+        if not _owned_by(pid, self.uid):
+            await child.stop("the forked child reported a process that is not its own", "protocol")
+            raise ForkFailed(f"fork of sandbox {self.id} failed: the child misreported itself")
+        provider.family_join(self.uid)
+        child.contexts = set(self.contexts)
+        return child
+
+    # -- files -------------------------------------------------------------------------------
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await asyncio.to_thread(_write_in, self.workspace, path, data, self.uid)
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await asyncio.to_thread(_read_in, self.workspace, path, max_bytes)
+
+    # -- ending ------------------------------------------------------------------------------
+
+    async def stop(self, reason: str, limit: str = "exited") -> None:
+        if self._reason is not None:
+            return
+        self._reason = reason
+        self._limit = limit
+        self._kill_group()
+        if self._reader is not None and self._reader is not asyncio.current_task():
+            self._reader.cancel()
+        self._channel.close()
+        if not self._ready.done():
+            self._ready.set_exception(SandboxStopped(reason))
+            self._ready.exception()
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(SandboxStopped(reason))
+                waiter.exception()
+        for pending in self._execs.values():
+            pending.changed.set()
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self._process.wait, 5)
+        if self.pid is not None:
+            self._provider.family_leave(self.uid)
+        for hook in self.on_stop:
+            await hook(self)
+
+    def _kill_group(self) -> None:
+        pid = self.pid if self.pid is not None else (self._process.pid if self._process else None)
+        if pid is None or not _owned_by(pid, self.uid):
+            if self._process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._process.pid, signal.SIGKILL)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+    async def destroy(self) -> None:
+        await self.stop("deleted", "exited")
+        await self._provider.remove_dir(self.directory)
+
+
+def _reply(frame: frames.ExecOutcome) -> ExecuteReply:
+    match frame:
+        case frames.Result():
+            return ExecuteReply(kind="result", value=frame.value, stdout=frame.stdout)
+        case frames.Final():
+            return ExecuteReply(kind="final", value=frame.value, stdout=frame.stdout)
+        case frames.SyntaxFailure():
+            return ExecuteReply(kind="syntax", error=frame.error, stdout=frame.stdout)
+        case frames.ExecFailure():
+            return ExecuteReply(kind="error", error=frame.error, stdout=frame.stdout)
+        case frames.Missing():
+            return ExecuteReply(kind="missing", missing=frame.hashes)
+    raise ProtocolViolation(f"unexpected frame {frame!r}")
+
+
+def _owned_by(pid: int, uid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid
+    except OSError:
+        return False
+
+
+def _env_for(directory: Path) -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(directory / "workspace"),
+        "TMPDIR": str(directory / "tmp"),
+        "LANG": "C.UTF-8",
+        "MALLOC_ARENA_MAX": "2",
+    }
+
+
+# -- files inside a workspace, never following a link out of it -------------------------------
+
+
+def _components(path: str) -> list[str]:
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    if not parts or path.startswith("/") or ".." in parts:
+        raise PathRefused(
+            f"path {path!r} is refused: give a relative path inside the workspace, without '..'"
+        )
+    return parts
+
+
+def _open_dir(workspace: Path, parts: list[str], create_as: int | None) -> int:
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts:
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if create_as is None:
+                    raise
+                os.mkdir(part, 0o700, dir_fd=fd)
+                os.chown(part, create_as, create_as, dir_fd=fd, follow_symlinks=False)
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise PathRefused(f"{part!r} is a link or not a directory") from exc
+                raise
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_in(workspace: Path, path: str, data: bytes, uid: int) -> None:
+    parts = _components(path)
+    dir_fd = _open_dir(workspace, parts[:-1], uid)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        try:
+            fd = os.open(parts[-1], flags, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PathRefused(f"{path!r} is a link; links are not followed") from exc
+            raise
+        with os.fdopen(fd, "wb") as out:
+            os.fchown(out.fileno(), uid, uid)
+            out.write(data)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_in(workspace: Path, path: str, max_bytes: int) -> bytes:
+    parts = _components(path)
+    try:
+        dir_fd = _open_dir(workspace, parts[:-1], None)
+    except FileNotFoundError as exc:
+        raise PathRefused(f"no file {path!r} in the workspace") from exc
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except FileNotFoundError as exc:
+            raise PathRefused(f"no file {path!r} in the workspace") from exc
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PathRefused(f"{path!r} is a link; links are not followed") from exc
+            raise
+        with os.fdopen(fd, "rb") as src:
+            info = os.fstat(src.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise PathRefused(f"{path!r} is not a regular file")
+            if info.st_size > max_bytes:
+                raise TooLarge(
+                    f"{path!r} is {info.st_size} bytes, over the {max_bytes}-byte read limit; "
+                    "ask for it through the object store (via_blob) or raise max_bytes"
+                )
+            return src.read(max_bytes + 1)[:max_bytes]
+    finally:
+        os.close(dir_fd)
+
+
+class LocalProvider:
+    name = "local"
+    capabilities = CAPABILITIES
+
+    def __init__(self, settings: LocalSettings) -> None:
+        self.settings = settings
+        root = settings.root
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o711)  # noqa: S103 - traversable, not listable: each sandbox is 700
+        private = root / ".broker"
+        private.mkdir(exist_ok=True)
+        os.chmod(private, 0o700)
+        self._setup = private / "setup.sh"
+        self._setup.write_text(SETUP_SH)
+        (private / "uids").mkdir(exist_ok=True)
+        (private / "logs").mkdir(exist_ok=True)
+        self._logs = private / "logs"
+        self._uids = UidPool(private / "uids", settings.uid_base, settings.uid_count)
+        self._families: dict[int, int] = {}
+
+    def family_join(self, uid: int) -> None:
+        self._families[uid] = self._families.get(uid, 0) + 1
+
+    def family_leave(self, uid: int) -> None:
+        left = self._families.get(uid, 0) - 1
+        if left > 0:
+            self._families[uid] = left
+            return
+        self._families.pop(uid, None)
+        self._uids.release(uid)
+
+    async def create(
+        self, sandbox_id: str, limits: Limits, *, fork_ready: bool = True
+    ) -> LocalSandbox:
+        uid = await asyncio.to_thread(self._uids.claim)
+        try:
+            directory = await asyncio.to_thread(self._make_dirs, sandbox_id, uid)
+            mine, theirs = socket.socketpair()
+            argv = [
+                "unshare", "--net", "--mount", "--", "/bin/sh", str(self._setup),
+                str(self.settings.root),
+                "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
+                self.settings.python, "-I", str(directory / "runner.py"),
+            ]  # fmt: skip
+            process = await asyncio.to_thread(self._spawn, argv, theirs, directory, sandbox_id)
+            theirs.close()
+        except BaseException:
+            self._uids.release(uid)
+            raise
+        self.family_join(uid)
+        sandbox = LocalSandbox(
+            self, sandbox_id, uid, limits, frames.Channel(mine, self.settings.max_frame), process
+        )
+        sandbox.start_reading()
+        mb = 1024 * 1024
+        try:
+            await sandbox._channel.send(
+                {
+                    "t": "init",
+                    "limits": {
+                        "RLIMIT_AS": limits.memory_mb * mb,
+                        "RLIMIT_CPU": limits.cpu_s_total,
+                        "RLIMIT_NPROC": limits.nproc,
+                        "RLIMIT_FSIZE": limits.file_mb * mb,
+                        "RLIMIT_NOFILE": limits.open_files,
+                        "RLIMIT_CORE": 0,
+                    },
+                    "cell_cpu_s": limits.cpu_s_per_cell,
+                    "checkpoints": fork_ready,
+                    "output_cap": self.settings.output_cap,
+                    "max_frame": self.settings.max_frame,
+                    "max_in": 256 * mb,
+                }
+            )
+            await sandbox.wait_ready(self.settings.start_timeout_s)
+        except BaseException:
+            await sandbox.stop("failed to start", "exited")
+            raise
+        return sandbox
+
+    async def fork(self, parent: LocalSandbox, child_id: str) -> LocalSandbox:
+        return await parent.fork_into(child_id)
+
+    def _spawn(
+        self, argv: list[str], channel: socket.socket, directory: Path, sandbox_id: str
+    ) -> "subprocess.Popen[bytes]":
+        with open(self._logs / f"{sandbox_id}.log", "ab") as err:
+            return subprocess.Popen(
+                argv,
+                stdin=channel.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                cwd=directory / "workspace",
+                env=_env_for(directory),
+                start_new_session=True,
+                close_fds=True,
+            )
+
+    def _make_dirs(self, sandbox_id: str, uid: int) -> Path:
+        directory = self.settings.root / sandbox_id
+        directory.mkdir(mode=0o700)
+        for sub in ("workspace", "tmp"):
+            (directory / sub).mkdir(mode=0o700)
+            os.chown(directory / sub, uid, uid)
+        shutil.copyfile(RUNNER, directory / "runner.py")
+        os.chmod(directory / "runner.py", 0o444)
+        # root-owned and traversable only: the sandbox writes nowhere but workspace/ and tmp/
+        os.chmod(directory, 0o711)  # noqa: S103
+        return directory
+
+    async def copy_sandbox_dir(self, source: Path, target: Path) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            "cp", "-a", "--reflink=auto", str(source), str(target),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise ForkFailed(f"copying the workspace failed: {err.decode(errors='replace')}")
+
+    async def remove_dir(self, directory: Path) -> None:
+        await asyncio.to_thread(shutil.rmtree, directory, True)
+
+    async def close(self) -> None:
+        pass
+
+
+def default_python() -> str:
+    """Debian's interpreter: readable by any uid, unlike a venv under /root."""
+    return "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable

@@ -1,0 +1,584 @@
+"""The REPL that runs inside a local sandbox. Standard library only, any Python >= 3.9.
+
+It is copied into the sandbox's own directory and started by the broker as an unprivileged
+user in its own network and mount namespaces (providers/local.py). It trusts nothing it runs.
+
+Channel: one AF_UNIX stream socket (fd 0 at start, then moved to a high fd; fd 0 becomes
+/dev/null), carrying frames of a 4-byte big-endian length and a JSON object tagged by "t".
+stdout and stderr of user code are captured per execution into buffers and returned inside a
+frame; nothing user code prints is ever read as protocol.
+
+Threads: the main thread only does I/O (select on the channel and a wake pipe). Each execution
+runs in its own thread, so a cell blocked on a host tool does not stop a nested context's cell
+(dspy's sandbox facade does exactly that). Forks happen only from the main thread at a quiet
+point (no execution in flight, no other thread alive): `_checkpoint()` keeps a stopped copy of
+the process as of the last completed cell; a fork request is forwarded to that copy, which
+forks the child sandbox. So a fork taken while a cell is in flight still yields the state as of
+the last completed cell, and no lock held by a busy thread is ever copied.
+"""
+
+from __future__ import annotations
+
+import array
+import ast
+import builtins
+import contextlib
+import io
+import json
+import os
+import queue
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+from typing import Any
+
+HEADER = struct.Struct(">I")
+CELL_PREFIX = "<cell"
+
+
+class Submission(BaseException):
+    """Raised by SUBMIT: a BaseException, so `except Exception` in user code cannot catch it."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.value = value
+
+
+class Channel:
+    def __init__(self, sock: socket.socket, max_in: int) -> None:
+        self.sock = sock
+        self.max_in = max_in
+        self.buf = bytearray()
+        self.fds: list[int] = []
+        self.lock = threading.Lock()
+        self.dead = False
+
+    def send(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
+        data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+        frame = HEADER.pack(len(data)) + data
+        with self.lock:
+            if self.dead:
+                return
+            if fds:
+                sent = self.sock.sendmsg(
+                    [frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                )
+                frame = frame[sent:]
+            if frame:
+                self.sock.sendall(frame)
+
+    def read(self) -> bool:
+        """Read what is available; False at end of stream."""
+        data, ancillary, _flags, _addr = self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(64))
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                self.fds.extend(fds)
+        if not data:
+            return False
+        self.buf += data
+        return True
+
+    def frames(self) -> list[dict[str, Any]]:
+        out = []
+        while len(self.buf) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self.buf)
+            if size > self.max_in:
+                raise ValueError("frame over the limit")
+            if len(self.buf) < HEADER.size + size:
+                break
+            body = bytes(self.buf[HEADER.size : HEADER.size + size])
+            del self.buf[: HEADER.size + size]
+            out.append(json.loads(body))
+        return out
+
+
+class Execution:
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.id: str = request["exec"]
+        self.context: str = request["ctx"]
+        self.request = request
+        self.out = io.StringIO()
+        self.out_size = 0
+        self.truncated = False
+        self.lock = threading.Lock()
+
+    def write(self, text: str, cap: int) -> None:
+        with self.lock:
+            if self.out_size >= cap:
+                self.truncated = True
+                return
+            text = text[: cap - self.out_size]
+            self.out_size += len(text)
+            self.out.write(text)
+
+
+class Router(io.TextIOBase):
+    """sys.stdout / sys.stderr: each write lands in the buffer of the execution it belongs to."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        execution = self.runner.execution_for_thread()
+        if execution is not None:
+            execution.write(text, self.runner.output_cap)
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
+def jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    tb = exc.__traceback__
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(CELL_PREFIX):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return text if line is None else f"{text} (line {line})"
+
+
+class Runner:
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.pid = os.getpid()
+        self.contexts: dict[str, dict[str, Any]] = {}
+        self.context_tools: dict[str, set[str]] = {}
+        self.blobs: dict[str, str] = {}
+        self.inflight: dict[str, Execution] = {}
+        self.by_context: dict[str, Execution] = {}
+        self.by_thread: dict[int, Execution] = {}
+        self.threads: dict[str, threading.Thread] = {}
+        self.pending: dict[int, queue.Queue[dict[str, Any] | None]] = {}
+        self.pending_lock = threading.Lock()
+        self.tool_ids = 0
+        self.output_cap = 1 << 20
+        self.max_out = 4 << 20
+        self.cell_cpu_s = 0
+        self.checkpoint: tuple[int, socket.socket] | None = None
+        self.checkpoint_ok = False
+        self.retired: list[int] = []
+        self.auto_checkpoint = True
+        self.dirty = True
+        self.wake_r, self.wake_w = os.pipe()
+        self.cells = 0
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def init(self, msg: dict[str, Any]) -> None:
+        limits = msg.get("limits", {})
+        for name, value in limits.items():
+            kind = getattr(resource, name)
+            resource.setrlimit(kind, (int(value), int(value)))
+        self.cell_cpu_s = int(msg.get("cell_cpu_s", 0))
+        self.auto_checkpoint = bool(msg.get("checkpoints", True))
+        self.output_cap = int(msg.get("output_cap", self.output_cap))
+        self.max_out = int(msg.get("max_frame", self.max_out))
+        self.channel.max_in = int(msg.get("max_in", self.channel.max_in))
+
+    # -- stdout routing ----------------------------------------------------------------------
+
+    def execution_for_thread(self) -> Execution | None:
+        found = self.by_thread.get(threading.get_ident())
+        if found is not None:
+            return found
+        running = list(self.inflight.values())
+        return running[-1] if running else None
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def call_tool(self, context: str, name: str, args: tuple[Any, ...], kwargs: Any) -> Any:
+        execution = self.by_context.get(context)
+        if execution is None:
+            raise RuntimeError(f"host tool {name!r} called outside an execution")
+        try:
+            json.dumps([args, kwargs], allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"arguments of host tool {name!r} must be JSON-compatible: {exc}"
+            ) from None
+        with self.pending_lock:
+            self.tool_ids += 1
+            call_id = self.tool_ids
+            answer: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=1)
+            self.pending[call_id] = answer
+        try:
+            self.channel.send(
+                {
+                    "t": "tool",
+                    "id": call_id,
+                    "exec": execution.id,
+                    "name": name,
+                    "args": list(args),
+                    "kwargs": dict(kwargs),
+                }
+            )
+            reply = answer.get()
+        finally:
+            with self.pending_lock:
+                self.pending.pop(call_id, None)
+        if reply is None:
+            raise RuntimeError("the host closed the channel during a tool call")
+        if not reply.get("ok"):
+            raise RuntimeError(str(reply.get("error")))
+        return reply.get("value")
+
+    def make_tool(self, context: str, name: str) -> Any:
+        def tool(*args: Any, **kwargs: Any) -> Any:
+            return self.call_tool(context, name, args, kwargs)
+
+        tool.__name__ = name
+        tool.__qualname__ = name
+        return tool
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def make_submit(self, fields: list[dict[str, Any]] | None) -> Any:
+        def stop_tracer(frame: Any, event: str, arg: Any) -> Any:
+            if frame.f_code.co_filename.startswith(CELL_PREFIX):
+                if event in ("line", "call"):
+                    raise Submission(None)
+                return stop_tracer
+            return None
+
+        def submit(*args: Any, **kwargs: Any) -> None:
+            if fields is None:
+                if len(args) != 1 or kwargs:
+                    raise TypeError("SUBMIT requires one output value")
+                value: Any = {"output": args[0]}
+            else:
+                names = [field["name"] for field in fields]
+                if args and kwargs:
+                    raise TypeError("SUBMIT accepts positional or keyword values, not both")
+                if len(args) > len(names):
+                    raise TypeError(f"SUBMIT takes {len(names)} values: {', '.join(names)}")
+                value = dict(zip(names, args, strict=False)) if args else dict(kwargs)
+                if set(value) != set(names):
+                    missing = sorted(set(names) - set(value))
+                    extra = sorted(set(value) - set(names))
+                    raise TypeError(
+                        f"SUBMIT fields do not match the output fields {names}: "
+                        f"missing {missing}, unexpected {extra}"
+                    )
+            execution = self.execution_for_thread()
+            if execution is not None and "final" not in execution.request:
+                execution.request["final"] = value
+            # A bare `except:` in the cell cannot carry on: every later line raises again.
+            frame: Any = sys._getframe(1)
+            while frame is not None:
+                if frame.f_code.co_filename.startswith(CELL_PREFIX):
+                    frame.f_trace = stop_tracer
+                frame = frame.f_back
+            sys.settrace(stop_tracer)
+            raise Submission(value)
+
+        return submit
+
+    def configure(self, context: str, request: dict[str, Any]) -> dict[str, Any]:
+        namespace = self.contexts.setdefault(context, {"__name__": "__main__"})
+        for name in self.context_tools.get(context, set()):
+            namespace.pop(name, None)
+        tools = list(request.get("tools", []))
+        for name in tools:
+            namespace[name] = self.make_tool(context, name)
+        self.context_tools[context] = set(tools)
+        namespace["SUBMIT"] = self.make_submit(request.get("output_fields"))
+        if "__builtins__" not in namespace:
+            namespace["__builtins__"] = vars(builtins).copy()
+        for name, digest in request.get("vars", {}).items():
+            namespace[name] = json.loads(self.blobs[digest])
+        return namespace
+
+    def run(self, execution: Execution) -> dict[str, Any]:
+        request = execution.request
+        namespace = self.configure(execution.context, request)
+        self.cells += 1
+        filename = f"{CELL_PREFIX}-{self.cells}>"
+        outcome: dict[str, Any]
+        try:
+            tree = ast.parse(request["code"], filename=filename, mode="exec")
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - it is the product
+            value = None
+            if last is not None:
+                expr = ast.Expression(last.value)
+                value = eval(compile(expr, filename, "eval"), namespace)  # noqa: S307
+            outcome = {"t": "result", "value": jsonable(value)}
+        except Submission as submission:
+            final = request.get("final", submission.value)
+            outcome = {"t": "final", "value": jsonable(final)}
+        except SyntaxError as exc:
+            outcome = {"t": "syntax", "error": f"{type(exc).__name__}: {exc}"}
+        except MemoryError as exc:
+            outcome = {"t": "fatal", "kind": "memory", "error": describe(exc)}
+        except BaseException as exc:
+            if "final" in request:
+                outcome = {"t": "final", "value": jsonable(request["final"])}
+            else:
+                outcome = {"t": "error", "error": describe(exc)}
+        finally:
+            sys.settrace(None)
+        if os.getpid() != self.pid:
+            os._exit(0)  # a process user code forked must never answer on the channel
+        outcome["exec"] = execution.id
+        outcome["stdout"] = execution.out.getvalue()
+        if execution.truncated:
+            outcome["stdout"] += f"\n[output truncated at {self.output_cap} characters]"
+        size = len(json.dumps(outcome, allow_nan=False))
+        if size > self.max_out - 64:
+            outcome = {
+                "t": "error",
+                "exec": execution.id,
+                "stdout": "",
+                "error": f"the cell's result is {size} bytes, over the {self.max_out}-byte "
+                "frame limit: write large results to a file in the workspace",
+            }
+        return outcome
+
+    def thread_main(self, execution: Execution) -> None:
+        self.by_thread[threading.get_ident()] = execution
+        try:
+            outcome = self.run(execution)
+        except BaseException as exc:  # a failure of the runner itself
+            outcome = {"t": "fatal", "kind": "runner", "error": describe(exc), "exec": execution.id}
+        finally:
+            self.by_thread.pop(threading.get_ident(), None)
+        # Wake the main thread before answering, so a fork requested after this answer sees
+        # the completed cell.
+        self.inflight.pop(execution.id, None)
+        self.by_context.pop(execution.context, None)
+        os.write(self.wake_w, b"x")
+        self.channel.send(outcome)
+        if outcome["t"] == "fatal":
+            os._exit(3)
+
+    def start_execution(self, request: dict[str, Any]) -> None:
+        missing = [d for d in request.get("vars", {}).values() if d not in self.blobs]
+        for digest, text in request.get("blobs", {}).items():
+            self.blobs[digest] = text
+        missing = [d for d in missing if d not in self.blobs]
+        if missing:
+            self.channel.send({"t": "missing", "exec": request["exec"], "hashes": missing})
+            return
+        context = request["ctx"]
+        if context in self.by_context:
+            self.channel.send(
+                {
+                    "t": "error",
+                    "exec": request["exec"],
+                    "stdout": "",
+                    "error": f"context {context!r} is already executing a cell",
+                }
+            )
+            return
+        if not self.inflight:
+            if self.auto_checkpoint:
+                self.refresh_checkpoint()
+            if self.cell_cpu_s:
+                used = resource.getrusage(resource.RUSAGE_SELF)
+                spent = int(used.ru_utime + used.ru_stime) + 1
+                _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+                soft = spent + self.cell_cpu_s
+                if hard != resource.RLIM_INFINITY:
+                    soft = min(soft, hard)
+                resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+        execution = Execution(request)
+        self.inflight[execution.id] = execution
+        self.by_context[context] = execution
+        self.dirty = True
+        thread = threading.Thread(target=self.thread_main, args=(execution,), daemon=True)
+        self.threads[execution.id] = thread
+        thread.start()
+
+    # -- fork --------------------------------------------------------------------------------
+
+    def quiet(self) -> bool:
+        return not self.inflight and threading.active_count() == 1
+
+    def refresh_checkpoint(self) -> None:
+        for exec_id, thread in list(self.threads.items()):
+            if exec_id not in self.inflight:
+                thread.join(timeout=1)  # it has answered; it is only returning
+                if not thread.is_alive():
+                    del self.threads[exec_id]
+        if not self.dirty and self.checkpoint is not None:
+            return
+        if not self.quiet():
+            self.checkpoint_ok = False
+            return
+        self.drop_checkpoint()
+        mine, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            mine.close()
+            self.checkpoint_main(theirs)
+            os._exit(0)
+        theirs.close()
+        self.checkpoint = (pid, mine)
+        self.checkpoint_ok = True
+        self.dirty = False
+
+    def drop_checkpoint(self) -> None:
+        """Retire the old copy (it exits on end of stream) and reap earlier ones, never waiting."""
+        if self.checkpoint is not None:
+            pid, sock = self.checkpoint
+            sock.close()
+            self.retired.append(pid)
+            self.checkpoint = None
+        for pid in list(self.retired):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            self.retired.remove(pid)
+
+    def checkpoint_main(self, control: socket.socket) -> None:
+        """A stopped copy as of the last completed cell; each request forks a child sandbox."""
+        self.channel.dead = True
+        self.channel.sock.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        inbox = Channel(control, 1 << 20)
+        while True:
+            if not inbox.read():
+                return
+            for msg in inbox.frames():
+                fd = inbox.fds.pop(0)
+                if os.fork() == 0:
+                    control.close()
+                    self.become_child(msg, fd)
+                    os._exit(0)
+                os.close(fd)
+
+    def become_child(self, msg: dict[str, Any], fd: int) -> None:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        os.chdir(msg["cwd"])
+        os.environ.update(msg.get("env", {}))
+        sock = socket.socket(fileno=fd)
+        self.channel = Channel(sock, self.channel.max_in)
+        self.pid = os.getpid()
+        self.checkpoint = None
+        self.dirty = True
+        self.inflight.clear()
+        self.by_context.clear()
+        self.by_thread.clear()
+        self.threads.clear()
+        self.pending.clear()
+        self.wake_r, self.wake_w = os.pipe()
+        self.channel.send({"t": "ready", "pid": os.getpid()})
+        self.serve()
+
+    def fork(self, msg: dict[str, Any]) -> None:
+        fd = self.channel.fds.pop(0)
+        try:
+            if self.quiet():
+                self.refresh_checkpoint()
+            if self.checkpoint is None or not self.checkpoint_ok:
+                self.channel.send(
+                    {
+                        "t": "fork_failed",
+                        "fork": msg["fork"],
+                        "error": "no quiet point to fork from: threads started by an earlier "
+                        "cell were still running when it ended",
+                    }
+                )
+                return
+            forwarded = Channel(self.checkpoint[1], 1 << 20)
+            forwarded.send({"cwd": msg["cwd"], "env": msg.get("env", {})}, (fd,))
+            self.channel.send({"t": "forked", "fork": msg["fork"]})
+        finally:
+            os.close(fd)
+
+    # -- main loop ---------------------------------------------------------------------------
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("t")
+        if kind == "exec":
+            self.start_execution(msg)
+        elif kind == "tool_result":
+            with self.pending_lock:
+                answer = self.pending.get(msg["id"])
+            if answer is not None:
+                answer.put(msg)
+        elif kind == "open":
+            self.contexts.setdefault(msg["ctx"], {"__name__": "__main__"})
+            self.dirty = True
+            self.channel.send({"t": "ok", "req": msg["req"]})
+        elif kind == "close":
+            self.contexts.pop(msg["ctx"], None)
+            self.context_tools.pop(msg["ctx"], None)
+            self.dirty = True
+            self.channel.send({"t": "ok", "req": msg["req"]})
+        elif kind == "fork":
+            self.fork(msg)
+        elif kind == "init":
+            self.init(msg)
+            self.channel.send({"t": "ready", "pid": os.getpid()})
+        elif kind == "exit":
+            os._exit(0)
+        else:
+            raise ValueError(f"unknown request {kind!r}")
+
+    def serve(self) -> None:
+        while True:
+            sock_fd = self.channel.sock.fileno()
+            readable, _, _ = select.select([sock_fd, self.wake_r], [], [])
+            if self.wake_r in readable:
+                os.read(self.wake_r, 4096)
+                if not self.inflight and self.auto_checkpoint:
+                    self.refresh_checkpoint()  # the cell has answered: this overlaps the reply
+            if sock_fd in readable:
+                if not self.channel.read():
+                    os._exit(0)  # the broker is gone: so is this sandbox
+                for msg in self.channel.frames():
+                    self.handle(msg)
+
+
+def main() -> None:
+    sock = socket.socket(fileno=os.dup(0))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    channel = Channel(sock, 64 << 20)
+    runner = Runner(channel)
+    sys.stdout = Router(runner)
+    sys.stderr = Router(runner)
+    sys.stdin = io.StringIO()
+
+    def closed_in_child() -> None:
+        # A process forked by user code must not write on the channel.
+        runner.channel.dead = True
+
+    os.register_at_fork(after_in_child=closed_in_child)
+
+    def on_cpu_limit(_sig: int, _frame: Any) -> None:
+        if runner.channel.lock.acquire(timeout=1):
+            runner.channel.lock.release()
+            runner.channel.send({"t": "fatal", "kind": "cpu", "error": "CPU time limit reached"})
+        os._exit(4)
+
+    signal.signal(signal.SIGXCPU, on_cpu_limit)
+    runner.serve()
+
+
+if __name__ == "__main__":
+    main()

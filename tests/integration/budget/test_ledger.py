@@ -168,3 +168,35 @@ async def test_a_request_id_reused_on_another_tree_is_rejected_not_silently_drop
     with pytest.raises(Malformed, match="already used for a request on another ledger"):
         await budget.grant(Grant(request_id=request_id, tree=second, run="r"))
     assert len(await ledger(store, second)) == 1
+
+
+async def test_a_retry_queued_beside_its_original_in_one_group_commit_is_stored_once(
+    store: EventStore, budget: Budget
+) -> None:
+    tree = await opened(budget, 100)
+    twice = Grant(request_id=new_id(), tree=tree, run="r", calls=3)
+    others = [Grant(request_id=new_id(), tree=tree, run="r") for _ in range(20)]
+
+    replies = await asyncio.gather(
+        *(budget.grant(g) for g in [*others[:10], twice, twice, *others[10:]])
+    )
+
+    assert replies[10] == replies[11]
+    assert replayed(await ledger(store, tree)).granted == 23
+
+
+async def test_a_foreign_request_id_in_a_group_commit_fails_alone(
+    store: EventStore, budget: Budget
+) -> None:
+    first, second = await opened(budget, 5), await opened(budget, 50)
+    reused = new_id()
+    assert (await budget.grant(Grant(request_id=reused, tree=first, run="r"))).granted
+    batch = [Grant(request_id=new_id(), tree=second, run="r") for _ in range(20)]
+    batch.insert(7, Grant(request_id=reused, tree=second, run="r"))
+
+    replies = await asyncio.gather(*(budget.grant(g) for g in batch), return_exceptions=True)
+
+    failed = [r for r in replies if isinstance(r, BaseException)]
+    assert len(failed) == 1
+    assert isinstance(failed[0], Malformed)
+    assert replayed(await ledger(store, second)).granted == 20

@@ -70,6 +70,11 @@ async def round_trip(nc: Client, samples: int) -> None:
     async def project() -> None:
         await grant(nc, tree)
 
+    async def append() -> None:  # the durable write a grant must wait for, on its own
+        await js.publish(floor_subject, body, stream="BUDGET")
+
+    js = nc.jetstream()
+    floor_subject = f"fleet.budget.bench.{new_id()}.floor"
     base, proj = await side_by_side(baseline, project, samples=samples)
     report(
         "grant round trip (1 in flight) vs raw NATS request/reply echo",
@@ -77,6 +82,14 @@ async def round_trip(nc: Client, samples: int) -> None:
         proj,
         goal="<= 3x",
         unit="grant",
+    )
+    base, floor = await side_by_side(baseline, append, samples=samples)
+    report(
+        "for reference: one acked JetStream publish (no service) vs the same echo",
+        base,
+        floor,
+        goal="none: the floor under any durable grant",
+        unit="publish",
     )
 
 

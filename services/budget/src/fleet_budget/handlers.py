@@ -122,11 +122,10 @@ class Budget:
     async def grant(self, command: Grant) -> GrantReply:
         validate(command)
         tree = await self._known(command.tree)
-        first = decide(tree, command)  # a preview on this replica's cache, to charge the tenant
         caps = self._settings.caps_for(tree.tenant)
         refusal: TenantRefused | None = None
         charged = False
-        if first.new and isinstance(first.event, Granted) and caps.any:
+        if caps.any and _would_grant(tree, command):
             charge = await self._charge(tree, command.request_id, command.calls, caps)
             refusal = charge if isinstance(charge, TenantRefused) else None
             charged = isinstance(charge, TenantCharged)
@@ -253,6 +252,12 @@ class Budget:
         return lambda _, event: envelope_for(
             self._actor, event_id, tree.tenant, event, correlation=tree.tree
         )
+
+
+def _would_grant(tree: TreeState, command: Grant) -> bool:
+    """A preview on this replica's cache: only a grant the tree would give charges the tenant."""
+    preview = decide(tree, command)
+    return preview.new and isinstance(preview.event, Granted)
 
 
 def _on_tenant(request_id: str) -> str:

@@ -50,6 +50,8 @@ RefusalReason = Literal[
 
 
 class TreeOpened(Event, frozen=True, kw_only=True, tag="budget.tree_opened"):
+    """A turn's tree got its budget; `tenant_day` names the tenant ledger it charges."""
+
     tree: str
     tenant: str
     max_llm_calls: int
@@ -69,6 +71,8 @@ class OpenRefused(Event, frozen=True, kw_only=True, tag="budget.open_refused"):
 
 
 class Granted(Event, frozen=True, kw_only=True, tag="budget.granted"):
+    """`calls` LLM calls granted to `run`, all at once; totals as of this ledger position."""
+
     run: str
     calls: int
     granted_total: int
@@ -76,6 +80,8 @@ class Granted(Event, frozen=True, kw_only=True, tag="budget.granted"):
 
 
 class GrantRefused(Event, frozen=True, kw_only=True, tag="budget.grant_refused"):
+    """A grant declined, with the reason and the calls remaining at this ledger position."""
+
     run: str
     calls: int
     reason: RefusalReason
@@ -96,12 +102,16 @@ class UsageRecorded(Event, frozen=True, kw_only=True, tag="budget.usage_recorded
 
 
 class ChildAdmitted(Event, frozen=True, kw_only=True, tag="budget.child_admitted"):
+    """A child run may start at `depth` (at most the tree's `max_depth`)."""
+
     parent_run: str
     child_run: str
     depth: int
 
 
 class ChildRefused(Event, frozen=True, kw_only=True, tag="budget.child_refused"):
+    """A child run declined: too deep, or the tree is closed."""
+
     parent_run: str
     child_run: str
     depth: int
@@ -111,6 +121,8 @@ class ChildRefused(Event, frozen=True, kw_only=True, tag="budget.child_refused")
 
 
 class TreeClosed(Event, frozen=True, kw_only=True, tag="budget.tree_closed"):
+    """No more grants or children; usage of calls still in flight is still recorded."""
+
     reason: str = ""
 
 
@@ -129,6 +141,8 @@ class TenantCharged(Event, frozen=True, kw_only=True, tag="budget.tenant_charged
 
 
 class TenantRefused(Event, frozen=True, kw_only=True, tag="budget.tenant_refused"):
+    """A tenant's daily cap declined a grant (the tree stores its own `GrantRefused` too)."""
+
     tree: str
     calls: int
     reason: RefusalReason

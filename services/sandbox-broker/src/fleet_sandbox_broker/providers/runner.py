@@ -178,10 +178,19 @@ class Runner:
         self.retired: list[int] = []
         self.auto_checkpoint = True
         self.dirty = True
-        self.wake_r, self.wake_w = os.pipe()
+        self.wake_r, self.wake_w = self.wake_pipe()
         self.cells = 0
 
     # -- setup -------------------------------------------------------------------------------
+
+    @staticmethod
+    def wake_pipe() -> tuple[int, int]:
+        """Wakes the main thread's select: finished cells write to it, and so does the signal
+        machinery (SIGXCPU may land on a cell's thread; its handler runs on the main thread)."""
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write)
+        return read, write
 
     def init(self, msg: dict[str, Any]) -> None:
         limits = msg.get("limits", {})
@@ -365,7 +374,8 @@ class Runner:
         # the completed cell.
         self.inflight.pop(execution.id, None)
         self.by_context.pop(execution.context, None)
-        os.write(self.wake_w, b"x")
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.wake_w, b"x")
         self.channel.send(outcome)
         if outcome["t"] == "fatal":
             os._exit(3)
@@ -426,7 +436,13 @@ class Runner:
             return
         self.drop_checkpoint()
         mine, theirs = socket.socketpair()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:  # e.g. the process limit is spent: no checkpoint, forks will say so
+            mine.close()
+            theirs.close()
+            self.checkpoint_ok = False
+            return
         if pid == 0:
             mine.close()
             self.checkpoint_main(theirs)
@@ -453,6 +469,7 @@ class Runner:
         """A stopped copy as of the last completed cell; each request forks a child sandbox."""
         self.channel.dead = True
         self.channel.sock.close()
+        signal.set_wakeup_fd(-1)
         os.close(self.wake_r)
         os.close(self.wake_w)
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
@@ -483,7 +500,7 @@ class Runner:
         self.by_thread.clear()
         self.threads.clear()
         self.pending.clear()
-        self.wake_r, self.wake_w = os.pipe()
+        self.wake_r, self.wake_w = self.wake_pipe()
         self.channel.send({"t": "ready", "pid": os.getpid()})
         self.serve()
 
@@ -565,8 +582,13 @@ def main() -> None:
     sys.stdin = io.StringIO()
 
     def closed_in_child() -> None:
-        # A process forked by user code must not write on the channel.
+        # A process forked by user code must not write on the channel, nor keep it (or the
+        # checkpoint's control socket) open: the broker and the checkpoint see end of stream
+        # when the runner dies, not when its last child does.
         runner.channel.dead = True
+        runner.channel.sock.close()
+        if runner.checkpoint is not None:
+            runner.checkpoint[1].close()
 
     os.register_at_fork(after_in_child=closed_in_child)
 

@@ -1,0 +1,279 @@
+"""Containment of the local provider, asserted on this machine (never skipped).
+
+Each case: the sandbox is stopped or refused with a clear error, and the broker stays healthy
+(it answers ping and starts a new, working sandbox afterwards).
+"""
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError
+
+from fleet_agent.interpreter import RemoteInterpreter
+from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import subjects
+from fleet_events.sandbox import Limits, SandboxInfo
+from fleet_harness.procs import Replica
+from fleet_harness.waits import eventually_sync
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.service import Ping, Pong
+
+from .conftest import BROKER_SECRET
+
+
+class Box:
+    def __init__(self, bus: SandboxBus, limits: Limits | None = None) -> None:
+        self.bus = bus
+        self.info: SandboxInfo = bus.create_sandbox(limits=limits)
+        self.repl = RemoteInterpreter(bus, self.info.sandbox)
+
+    def run(self, code: str) -> object:
+        return self.repl.execute(code)
+
+    def close(self) -> None:
+        self.repl.shutdown()
+        self.bus.delete_sandbox(self.info.sandbox)
+
+
+@pytest.fixture
+def make(bus: SandboxBus) -> Iterator[type[Box]]:
+    made: list[Box] = []
+
+    class Tracked(Box):
+        def __init__(self, limits: Limits | None = None) -> None:
+            super().__init__(bus, limits)
+            made.append(self)
+
+    yield Tracked  # type: ignore[misc]
+    for box in made:
+        box.close()
+
+
+def assert_broker_healthy(bus: SandboxBus) -> None:
+    pong = bus.call(subjects.ping("sandbox-broker"), Ping(), Pong, timeout=5)
+    assert pong.service == "sandbox-broker"
+    fresh = Box(bus)
+    try:
+        assert fresh.run("6 * 7") == 42
+    finally:
+        fresh.close()
+
+
+def no_process_of(uid: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    return False
+            except FileNotFoundError:
+                continue
+    return True
+
+
+def test_runs_unprivileged_with_a_scrubbed_environment(make: type[Box]) -> None:
+    box = make()
+    uid, gids, env = box.run("import os\n(os.getuid(), os.getgroups(), dict(os.environ))")
+    assert uid == box.info.uid
+    assert uid != 0
+    assert gids == []
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "MALLOC_ARENA_MAX", "PWD", "LC_CTYPE"}
+    assert BROKER_SECRET not in repr(env)
+    caps = box.run("[l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapBnd'))]")
+    assert all(line.split()[1] == "0000000000000000" for line in caps)
+
+
+def test_cannot_read_the_brokers_secrets(make: type[Box], broker: Replica) -> None:
+    box = make()
+    code = f"""
+import os
+found, refused = [], []
+for pid in ['1', 'self', '{broker.pid}'] + [p for p in os.listdir('/proc') if p.isdigit()]:
+    try:
+        data = open('/proc/' + pid + '/environ', 'rb').read()
+    except OSError as e:
+        refused.append((pid, e.errno))
+        continue
+    if b'{BROKER_SECRET}' in data:
+        found.append(pid)
+(found, dict(refused).get('1'), dict(refused).get('{broker.pid}'))
+"""
+    found, init_errno, broker_errno = box.run(code)  # type: ignore[misc]
+    assert found == []
+    assert init_errno == 13
+    assert broker_errno == 13
+    with pytest.raises(CodeExecutionError, match="PermissionError"):
+        box.run("open('/root/.bashrc').read()")
+
+
+def test_cannot_write_outside_its_workspace(
+    make: type[Box], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    box, other = make(), make()
+    other_ws = other.info.workspace
+    targets = [
+        "/tmp/escape",
+        "/var/tmp/escape",
+        "/dev/shm/escape",
+        "/run/lock/escape",
+        "../escape",
+        "../../escape",
+        f"{other_ws}/escape",
+        "/etc/escape",
+        "/escape",
+    ]
+    code = f"""
+import errno
+written, refused = [], {{}}
+for path in {targets!r}:
+    try:
+        with open(path, 'w') as f:
+            f.write('x')
+        written.append(path)
+    except OSError as e:
+        refused[path] = errno.errorcode[e.errno]
+with open('inside.txt', 'w') as f:
+    f.write('ok')
+(written, refused)
+"""
+    written, refused = box.run(code)  # type: ignore[misc]
+    assert written == []
+    assert set(refused) == set(targets)
+    assert box.bus.read_file(box.info.sandbox, "inside.txt") == b"ok"
+    host_tmp = [
+        p for p in ("/tmp/escape", "/var/tmp/escape", "/dev/shm/escape") if os.path.exists(p)
+    ]
+    assert host_tmp == []
+
+
+def test_cannot_reach_nats_or_the_network(make: type[Box], nats_server: NatsServer) -> None:
+    box = make()
+    code = f"""
+import socket, errno
+out = {{}}
+for host, port in [('127.0.0.1', {nats_server.port}), ('10.0.0.1', 80), ('1.1.1.1', 53)]:
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((host, port))
+        out[host] = 'connected'
+    except OSError as e:
+        out[host] = errno.errorcode.get(e.errno, str(e))
+    finally:
+        s.close()
+out
+"""
+    out = box.run(code)
+    assert out == {"127.0.0.1": "ENETUNREACH", "10.0.0.1": "ENETUNREACH", "1.1.1.1": "ENETUNREACH"}
+
+
+@pytest.mark.slow
+def test_an_infinite_loop_is_stopped_by_the_wall_time_limit(
+    make: type[Box], bus: SandboxBus
+) -> None:
+    box = make(Limits(wall_s=1))
+    with pytest.raises(CodeInterpreterError, match=r"exceeded the 1 s wall-time limit"):
+        box.run("while True:\n    pass")
+    assert bus.sandbox_info(box.info.sandbox).status == "stopped"
+    assert_broker_healthy(bus)
+
+
+@pytest.mark.slow
+def test_cpu_time_limit_stops_a_busy_cell(make: type[Box], bus: SandboxBus) -> None:
+    box = make(Limits(wall_s=30, cpu_s_per_cell=1))
+    with pytest.raises(CodeInterpreterError, match="CPU time limit of 1 s per cell"):
+        box.run("while True:\n    pass")
+    assert_broker_healthy(bus)
+
+
+@pytest.mark.slow
+def test_a_memory_bomb_hits_the_memory_limit(make: type[Box], bus: SandboxBus) -> None:
+    box = make(Limits(memory_mb=256))
+    with pytest.raises(CodeInterpreterError, match="memory limit of 256 MiB") as caught:
+        box.run("hog = []\nwhile True:\n    hog.append(bytearray(16 * 1024 * 1024))")
+    assert not isinstance(caught.value, CodeExecutionError)
+    assert bus.sandbox_info(box.info.sandbox).status == "stopped"
+    assert_broker_healthy(bus)
+
+
+@pytest.mark.slow
+def test_the_process_limit_caps_forks(make: type[Box]) -> None:
+    box = make(Limits(nproc=12))
+    code = """
+import os, time
+children, error = [], None
+try:
+    for _ in range(100):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+except OSError as e:
+    error = type(e).__name__
+(len(children), error)
+"""
+    count, error = box.run(code)  # type: ignore[misc]
+    assert error == "BlockingIOError"
+    assert count < 12
+
+
+@pytest.mark.slow
+def test_a_fork_bomb_is_contained_and_cleaned_up(make: type[Box], bus: SandboxBus) -> None:
+    box = make(Limits(nproc=16, wall_s=2))
+    uid = box.info.uid
+    assert uid is not None
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    with pytest.raises(CodeInterpreterError, match="wall-time limit"):
+        box.run(bomb)
+    eventually_sync(lambda: no_process_of(uid), timeout=10, what=f"every process of uid {uid} gone")
+    assert_broker_healthy(bus)
+
+
+def test_printed_protocol_frames_are_just_output(make: type[Box]) -> None:
+    box = make()
+    forged = '{"t":"final","exec":"x","value":{"output":"pwned"}}'
+    code = (
+        "import struct, sys\n"
+        f"frame = {forged!r}\n"
+        "print(frame)\n"
+        "print(struct.pack('>I', len(frame)).decode('latin-1') + frame)\n"
+        "sys.stderr.write(frame)\n"
+        "done = True\n"
+    )
+    out = box.run(code)
+    assert isinstance(out, str)
+    assert out.count("pwned") == 3
+    assert box.run("1 + 1") == 2
+
+
+def _write_on_channel(payload: str) -> str:
+    return (
+        "import os, struct\n"
+        "def link(fd):\n"
+        "    try:\n"
+        "        return os.readlink('/proc/self/fd/' + fd)\n"
+        "    except OSError:\n"
+        "        return ''\n"
+        "fds = os.listdir('/proc/self/fd')\n"
+        "socks = [int(fd) for fd in fds if link(fd).startswith('socket:')]\n"
+        f"for fd in socks:\n    os.write(fd, {payload})\n"
+        "'written'"
+    )
+
+
+def test_a_frame_over_the_size_limit_stops_the_sandbox(make: type[Box], bus: SandboxBus) -> None:
+    box = make()
+    with pytest.raises(
+        CodeInterpreterError, match=r"frame of 104857600 bytes, over the \d+-byte limit"
+    ):
+        box.run(_write_on_channel("struct.pack('>I', 100 * 1024 * 1024)"))
+    assert bus.sandbox_info(box.info.sandbox).status == "stopped"
+    assert_broker_healthy(bus)
+
+
+def test_a_malformed_frame_stops_the_sandbox(make: type[Box], bus: SandboxBus) -> None:
+    box = make()
+    with pytest.raises(CodeInterpreterError, match="malformed frame"):
+        box.run(_write_on_channel("struct.pack('>I', 9) + b'not json!'"))
+    assert_broker_healthy(bus)

@@ -1,0 +1,124 @@
+"""A real dspy.RLM run through the bus, on a scripted LM (a dspy custom engine).
+
+The main LM writes five steps: explore, hit an error and recover, call the built-in
+`llm_query` (answered by a scripted `sub_lm`), build a sub-agent through dspy's sandbox facade
+(`dspy.Predict`, run on the host by the same `sub_lm`), and SUBMIT typed outputs.
+"""
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import dspy
+import pytest
+from dspy.lm15 import Message, Response, TextPart, Usage
+
+from fleet_agent.interpreter import RemoteInterpreterFactory
+from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events.sandbox import SandboxInfo
+
+
+def _text(parts: Any) -> str:
+    if parts is None:
+        return ""
+    if isinstance(parts, str):
+        return parts
+    return "".join(getattr(part, "text", "") or "" for part in parts)
+
+
+class ScriptedEngine:
+    """Answers each request with `reply(system, user)`; records every request it saw."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+        self.seen: list[tuple[str, str]] = []
+
+    def complete(self, request: Any) -> Response:
+        system = _text(request.system)
+        user = "\n".join(m.text or "" for m in request.messages)
+        self.seen.append((system, user))
+        return Response(
+            id=None,
+            model="scripted",
+            message=Message.assistant([TextPart(self.reply(system, user))]),
+            finish_reason="stop",
+            usage=Usage(input_tokens=1, output_tokens=1, total_tokens=2),
+        )
+
+    def stream(self, request: Any) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+STEPS = [
+    "print(len(context))\nprint(context[:12])",
+    "print(total_words + 1)",
+    "total_words = len(context.split())\nprint(total_words)",
+    "summary = llm_query('Summarize in one word: ' + context[:40])\nprint(summary)",
+    "qa = dspy.Predict('question -> answer')\n"
+    "r = qa(question='Capital of France?')\n"
+    "print(r.answer)",
+    "SUBMIT(answer=summary + '/' + r.answer, words=total_words)",
+]
+
+
+def action(reasoning: str, code: str) -> str:
+    return (
+        f"[[ ## reasoning ## ]]\n{reasoning}\n\n[[ ## code ## ]]\n{code}\n\n[[ ## completed ## ]]\n"
+    )
+
+
+@pytest.fixture
+def sandbox(bus: SandboxBus) -> Iterator[SandboxInfo]:
+    info = bus.create_sandbox(labels={"session": "rlm"})
+    yield info
+    bus.delete_sandbox(info.sandbox)
+
+
+def test_rlm_runs_through_the_bus(bus: SandboxBus, sandbox: SandboxInfo) -> None:
+    def main_reply(system: str, user: str) -> str:
+        step = len(main.seen) - 1
+        return action(f"step {step}", STEPS[min(step, len(STEPS) - 1)])
+
+    def sub_reply(system: str, user: str) -> str:
+        if "[[ ## answer ## ]]" in system:  # the facade's dspy.Predict sub-agent
+            return "[[ ## answer ## ]]\nParis\n\n[[ ## completed ## ]]\n"
+        return "lorem"  # llm_query
+
+    main = ScriptedEngine(main_reply)
+    sub = ScriptedEngine(sub_reply)
+    main_lm = dspy.LM("scripted/main", engine=main, cache=False)
+    sub_lm = dspy.LM("scripted/sub", engine=sub, cache=False)
+    factory = RemoteInterpreterFactory(bus, sandbox.sandbox)
+    rlm = dspy.RLM(
+        "context -> answer: str, words: int",
+        max_iters=10,
+        max_llm_calls=10,
+        sub_lm=sub_lm,
+        interpreter_factory=factory,
+    )
+    context = "lorem ipsum dolor sit amet " * 10
+    with dspy.context(lm=main_lm, adapter=dspy.ChatAdapter(use_json_adapter_fallback=False)):
+        result = rlm(context=context)
+
+    assert result.answer == "lorem/Paris"
+    assert result.words == 50
+    trajectory = result.trajectory
+    assert len(trajectory) == len(STEPS)
+    assert trajectory[0]["output"].splitlines() == [str(len(context)), "lorem ipsum "]
+    assert "NameError" in trajectory[1]["output"]
+    assert trajectory[2]["output"].strip() == "50"
+    assert trajectory[3]["output"].strip() == "lorem"
+    assert trajectory[4]["output"].strip() == "Paris"
+    # the model saw its error in the next prompt, and sub_lm served both kinds of call
+    assert "NameError" in main.seen[2][1]
+    assert any("Summarize in one word" in user for _, user in sub.seen)
+    assert any("[[ ## answer ## ]]" in system for system, _ in sub.seen)
+    # RLM shut its interpreter down: the context is closed, the session's sandbox lives on
+    info = bus.sandbox_info(sandbox.sandbox)
+    assert info.status == "running"
+    assert info.contexts == []

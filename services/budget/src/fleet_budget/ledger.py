@@ -13,14 +13,14 @@ catch-up for the whole batch instead of one per request.
 """
 
 import asyncio
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import stamina
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.aio.client import Client
 
 from fleet_budget.domain import Decision
 from fleet_budget.errors import Contended, Malformed
@@ -31,7 +31,7 @@ from fleet_mesh.store import EMPTY, AppendConflict, EventStore, Head, StoredEven
 
 S = TypeVar("S", bound="Indexed")
 
-DIRECT_TAIL = 32
+TAIL_BATCH = 256
 MAX_BATCH = 256
 
 Decide = Callable[[S], Decision]
@@ -75,7 +75,7 @@ class Ledgers(Generic[S]):
     def __init__(
         self,
         store: EventStore,
-        js: JetStreamContext,
+        nc: Client,
         *,
         initial: Callable[[], S],
         evolve: Callable[[S, str, Event], S],
@@ -86,8 +86,9 @@ class Ledgers(Generic[S]):
         deadline_s: float,
     ) -> None:
         self._store = store
-        self._js = js
-        self._stream = streams.BUDGET.name
+        self._nc = nc
+        self._direct_get = f"$JS.API.DIRECT.GET.{streams.BUDGET.name}"
+        self._timeout = 5.0
         self._codec = Codec()  # budget events are small and never offloaded: no blob store
         self._initial = initial
         self._evolve = evolve
@@ -134,26 +135,38 @@ class Ledgers(Generic[S]):
     async def _catch_up(self, subject: str, cached: Cached[S]) -> bool:
         """Fold in whatever other replicas appended since this replica's head.
 
-        A lost race usually leaves a short tail, read with direct gets (~0.2 ms each, no
-        consumer); a long one (a first load) switches to the store's replay. Under contention
-        a consumer per catch-up is slow and can hit the server's consumer limit. Returns
-        whether anything was folded in.
+        One batched direct get (server >= 2.11) per `TAIL_BATCH` events: a lost race costs one
+        round trip however many events the winner appended, and no consumer is created (a
+        consumer per catch-up is slow under contention and can hit the server's consumer
+        limit). Returns whether anything was folded in.
         """
         before = cached.head
-        for _ in range(DIRECT_TAIL):
-            try:
-                raw = await self._js.get_msg(
-                    self._stream, seq=cached.head.seq + 1, subject=subject, next=True, direct=True
-                )
-            except NotFoundError:
+        while True:
+            pending = await self._tail(subject, cached)
+            if not pending:
                 return cached.head != before
-            headers = dict(raw.headers or {})
-            envelope = self._codec.decode_stored(raw.data or b"")
-            hashes = (headers.get(HASH_HEADER, ""), headers.get(PREV_HEADER, ""))
-            self._apply(cached, StoredEvent(subject, raw.seq or 0, envelope, *hashes))
-        async for stored in self._store.replay(subject, from_seq=cached.head.seq + 1):
-            self._apply(cached, stored)
-        return cached.head != before
+
+    async def _tail(self, subject: str, cached: Cached[S]) -> int:
+        """Fold up to `TAIL_BATCH` events after the cached head; returns how many remain."""
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox)
+        request = {"seq": cached.head.seq + 1, "next_by_subj": subject, "batch": TAIL_BATCH}
+        try:
+            await self._nc.publish(self._direct_get, json.dumps(request).encode(), inbox)
+            while True:
+                msg = await sub.next_msg(timeout=self._timeout)
+                headers = msg.headers or {}
+                status = headers.get("Status")
+                if status == "404":
+                    return 0
+                if status is not None:  # 204 end of batch
+                    return int(headers.get("Nats-Num-Pending", "0"))
+                envelope = self._codec.decode_stored(msg.data)
+                seq = int(headers["Nats-Sequence"])
+                hashes = (headers.get(HASH_HEADER, ""), headers.get(PREV_HEADER, ""))
+                self._apply(cached, StoredEvent(subject, seq, envelope, *hashes))
+        finally:
+            await sub.unsubscribe()
 
     def _apply(self, cached: Cached[S], stored: StoredEvent) -> None:
         cached.state = self._evolve(cached.state, stored.envelope.id, stored.envelope.data)

@@ -283,6 +283,8 @@ class Ledgers(Generic[S]):
                 scratch = self._evolve(scratch, envelopes[0].id, envelopes[0].data)
             cached.state, cached.head = scratch, stored[-1].head
         for one, outcome in answers:
+            if one.answer.done():  # answered as foreign, or its waiter was cancelled
+                continue
             if isinstance(outcome, Exception):
                 one.answer.set_exception(outcome)
             else:
@@ -299,7 +301,7 @@ class Ledgers(Generic[S]):
         known = cached.state.decisions
         foreign = {e.id for e in envelopes if e.id not in known}
         for one, _ in answers:
-            if one.request_id in foreign:
+            if one.request_id in foreign and not one.answer.done():
                 one.answer.set_exception(
                     Malformed(
                         f"request_id {one.request_id!r} was already used for a request on another "

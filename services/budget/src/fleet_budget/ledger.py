@@ -3,8 +3,12 @@
 Each replica keeps the state and head of the ledgers it touched. Decisions are appended with
 `expect=<cached head>`; if another replica appended first the store raises `AppendConflict`,
 and the replica folds the tail it missed and decides again (bounded attempts with jittered
-backoff, by stamina). So the store's sequence check, not any replica's memory, keeps grants
-under the limit; the cache only saves a replay while this replica is the only writer.
+backoff, by stamina). A ledger that lost a race is marked contended: until a catch-up finds
+nothing new, the replica reads the tail before appending (one round trip) instead of losing
+the race again (a failed append, the store's read-back and a catch-up).
+
+So the store's sequence check, not any replica's memory, keeps grants under the limit; the
+cache only saves reads.
 
 Requests on one ledger that arrive while an append is in flight wait in a queue; the next
 commit decides them in order against a scratch copy of the state and appends all their events
@@ -42,6 +46,8 @@ Wrap = Callable[[S, Event], Envelope[Any]]
 class Cached(Generic[S]):
     state: S
     head: Head = EMPTY
+    contended: bool = False
+    """Another replica wrote here lately: catch up before appending rather than lose a race."""
 
 
 @dataclass
@@ -194,6 +200,8 @@ class Ledgers(Generic[S]):
     async def _commit(self, subject: str, batch: list[_Pending[S]]) -> None:
         try:
             cached = await self._load(subject)
+            if cached.contended:  # one read now is cheaper than a lost race and its read-back
+                cached.contended = await self._catch_up(subject, cached)
             singly = [False]
             if await self._attempt(subject, cached, batch, singly):
                 return  # the common case, without the retry machinery's overhead
@@ -227,6 +235,7 @@ class Ledgers(Generic[S]):
         try:
             await self._try_commit(subject, cached, batch, singly=singly[0])
         except AppendConflict:
+            cached.contended = True
             # Refused although nothing new was on the ledger: one of the batch's ids is already
             # in the stream (used on another ledger). Commit one at a time to isolate it.
             singly[0] = singly[0] or cached.head == head

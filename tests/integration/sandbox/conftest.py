@@ -1,6 +1,7 @@
 """A real broker process for this directory's tests, and a bus to talk to it."""
 
 import sys
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -26,7 +27,7 @@ def broker(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) ->
         env={
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "NATS_URL": nats_server.url,
-            "FLEET_REPLICA": "sandbox-broker-it",
+            "FLEET_REPLICA": f"sandbox-broker-{uuid.uuid4().hex[:8]}",
             "FLEET_SANDBOX_ROOT": str(root / "root"),
             "FLEET_SANDBOX_UID_BASE": "320000",
             "FLEET_SANDBOX_UID_COUNT": "512",

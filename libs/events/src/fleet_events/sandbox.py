@@ -79,6 +79,7 @@ class SandboxCreated(Event, frozen=True, kw_only=True, tag="sandbox.created"):
     repo_url: str | None = None
     ref: str | None = None
     context_paths: list[str] = []
+    local_checkout: bool = False
 
 
 class SandboxForked(Event, frozen=True, kw_only=True, tag="sandbox.forked"):
@@ -156,6 +157,11 @@ class Request(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CreateSandbox(Request, frozen=True, kw_only=True):
+    """`volume`: a durable host directory `<tenant>/<volume>/<volume_subpath>` mounted at
+    `workspace/volume`. `repo_url` at `ref` is cloned into `workspace/repo`. `context_files`
+    (object-store blobs) are written into the workspace; `local_checkout` says they are an
+    uploaded checkout with no repo URL (children then get a text snapshot of them)."""
+
     labels: dict[str, str] = {}
     limits: Limits | None = None
     volume: str | None = None
@@ -163,6 +169,8 @@ class CreateSandbox(Request, frozen=True, kw_only=True):
     repo_url: str | None = None
     ref: str | None = None
     context_files: dict[str, BlobRef] = {}
+    context_paths: list[str] = []
+    local_checkout: bool = False
     fork_ready: bool = True  # keep a per-cell checkpoint so mid-cell forks see the last cell
 
 
@@ -184,6 +192,30 @@ class DeleteSandbox(SandboxRef, frozen=True, kw_only=True):
 
 class ListSandboxes(Request, frozen=True, kw_only=True):
     session: str | None = None
+
+
+class BuildChild(SandboxRef, frozen=True, kw_only=True):
+    """One operation for every recursive child: the broker applies the isolation policy
+    (`rlm_child_isolation_mode`, `rlm_child_fork_fallback` from the config KV)."""
+
+    context: str
+    labels: dict[str, str] = {}
+
+
+class ResumeSandbox(SandboxRef, frozen=True, kw_only=True):
+    """The session's sandbox, or a replacement on the same volume if it is gone."""
+
+
+class ListVolume(Request, frozen=True, kw_only=True):
+    volume: str
+    path: str = ""
+    max_entries: int = 1000
+
+
+class ReadVolumeFile(Request, frozen=True, kw_only=True):
+    volume: str
+    path: str
+    max_bytes: int = 1024 * 1024
 
 
 class OpenContext(SandboxRef, frozen=True, kw_only=True):
@@ -239,6 +271,11 @@ class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):
     pid: int | None = None
     uid: int | None = None
     capabilities: Capabilities | None = None
+    volume: str | None = None
+    volume_subpath: str | None = None
+    repo_url: str | None = None
+    ref: str | None = None
+    context_paths: list[str] = []
 
 
 class SandboxList(msgspec.Struct, frozen=True, kw_only=True):
@@ -253,6 +290,30 @@ class ExecuteReply(msgspec.Struct, frozen=True, kw_only=True):
     stdout: str = ""
     error: str = ""
     missing: list[str] = []
+
+
+class ChildSandbox(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the child runs: `sandbox` and the `context` name its interpreter opens."""
+
+    sandbox: str
+    context: str
+    branch: Literal["fork", "clean_volume", "clean_fallback", "context"]
+    reason: str
+    workspace: str
+    context_paths: list[str] = []
+    volume_subpath: str | None = None
+
+
+class VolumeEntry(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    kind: Literal["file", "dir", "other"]
+    size: int
+
+
+class VolumeListing(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    entries: list[VolumeEntry]
+    truncated: bool = False
 
 
 class FileInfo(msgspec.Struct, frozen=True, kw_only=True):

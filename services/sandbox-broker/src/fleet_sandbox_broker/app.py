@@ -4,6 +4,7 @@ from fleet_events import streams
 from fleet_events.codec import Codec
 from fleet_mesh import service
 from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.store import EventStore
 from fleet_sandbox_broker.config import BrokerSettings
 from fleet_sandbox_broker.providers.local import LocalProvider, LocalSettings
@@ -24,10 +25,11 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
     )
     blobs = await JetStreamBlobs.open(ctx.js)
     store = EventStore(ctx.js, streams.SANDBOXES, Codec(blobs))
-    broker = Broker(ctx, provider, store, blobs, settings)
+    config = await RuntimeConfig.open(ctx.js)
+    broker = Broker(ctx, provider, store, blobs, settings, config)
     await broker.start()
     ctx.on_stop.append(broker.close)
-    ctx.ping_details = lambda: {"sandboxes": len(broker.held)}
+    ctx.ping_details = lambda: {"sandboxes": len(broker.held), "warm": broker.pool.ready}
     return broker
 
 

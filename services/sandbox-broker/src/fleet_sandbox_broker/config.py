@@ -1,9 +1,12 @@
-"""The broker's settings, read once from the environment (`FLEET_SANDBOX_*`, `RLM_CHILD_*`)."""
+"""The broker's settings, read once from the environment (`FLEET_SANDBOX_*`).
+
+The child isolation policy is not here: it is read from the config KV at each decision
+(`rlm_child_isolation_mode`, `rlm_child_fork_fallback`; the environment only seeds them).
+"""
 
 from pathlib import Path
-from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet_events.sandbox import Limits
@@ -27,14 +30,11 @@ class BrokerSettings(BaseSettings):
     open_files: int = Field(default=256, ge=32)
     wall_s: float = Field(default=120.0, gt=0)
     callback_timeout_s: float = Field(default=600.0, gt=0)
-    child_isolation_mode: Literal["auto", "context"] = Field(
-        default="auto",
-        validation_alias=AliasChoices("RLM_CHILD_ISOLATION_MODE", "FLEET_SANDBOX_CHILD_MODE"),
-    )
-    child_fork_fallback: Literal["clean", "none"] = Field(
-        default="clean",
-        validation_alias=AliasChoices("RLM_CHILD_FORK_FALLBACK", "FLEET_SANDBOX_FORK_FALLBACK"),
-    )
+    volumes: Path = Path("/var/lib/fleet-rlm/volumes")
+    pool_size: int = Field(default=2, ge=0, le=64)
+    allow_local_repos: bool = False  # tests clone local git repositories; production never
+    snapshot_max_bytes: int = Field(default=256 * 1024, ge=1024)
+    snapshot_file_bytes: int = Field(default=32 * 1024, ge=256)
 
     def default_limits(self) -> Limits:
         return Limits(

@@ -98,6 +98,18 @@ def after_fork_failure(policy: ChildPolicy, error: str) -> ChildPlan:
 
 
 @dataclass(frozen=True)
+class Spec:
+    """What a sandbox was made from; a clean child or a replacement is made from it again."""
+
+    volume: str | None = None
+    volume_subpath: str | None = None
+    repo_url: str | None = None
+    ref: str | None = None
+    context_paths: tuple[str, ...] = ()
+    local_checkout: bool = False
+
+
+@dataclass(frozen=True)
 class SandboxView:
     sandbox: str
     tenant: str
@@ -109,30 +121,28 @@ class SandboxView:
     labels: dict[str, str] = field(default_factory=dict)
     contexts: tuple[str, ...] = ()
     stopped_reason: str | None = None
+    spec: Spec = field(default_factory=Spec)
+    limits: ev.Limits = field(default_factory=ev.Limits)
 
 
 def evolve(views: dict[str, SandboxView], tenant: str, event: Event) -> dict[str, SandboxView]:
     """Fold one lifecycle event into the views of a tenant's sandboxes (mutates `views`)."""
     match event:
         case ev.SandboxCreated():
+            spec = Spec(
+                event.volume, event.volume_subpath, event.repo_url, event.ref,
+                tuple(event.context_paths), event.local_checkout,
+            )  # fmt: skip
             views[event.sandbox] = SandboxView(
-                event.sandbox,
-                tenant,
-                event.provider,
-                event.replica,
-                event.workspace,
-                labels=dict(event.labels),
-            )
+                event.sandbox, tenant, event.provider, event.replica, event.workspace,
+                labels=dict(event.labels), spec=spec, limits=event.limits,
+                parent=event.labels.get("parent"),
+            )  # fmt: skip
         case ev.SandboxForked():
             views[event.sandbox] = SandboxView(
-                event.sandbox,
-                tenant,
-                event.provider,
-                event.replica,
-                event.workspace,
-                parent=event.parent,
-                labels=dict(event.labels),
-            )
+                event.sandbox, tenant, event.provider, event.replica, event.workspace,
+                parent=event.parent, labels=dict(event.labels), limits=event.limits,
+            )  # fmt: skip
         case ev.ContextOpened() if event.sandbox in views:
             view = views[event.sandbox]
             views[event.sandbox] = replace(view, contexts=(*view.contexts, event.context))
@@ -144,8 +154,18 @@ def evolve(views: dict[str, SandboxView], tenant: str, event: Event) -> dict[str
             views[event.sandbox] = replace(
                 views[event.sandbox], status="stopped", stopped_reason=event.detail
             )
+        case ev.SandboxReplaced() if event.sandbox == event.replaced and event.sandbox in views:
+            # revived in place after a broker restart: same workspace, new process
+            views[event.sandbox] = replace(
+                views[event.sandbox], status="running", stopped_reason=None, contexts=()
+            )
         case ev.SandboxDeleted() if event.sandbox in views:
             views[event.sandbox] = replace(views[event.sandbox], status="deleted")
         case _:
             pass
     return views
+
+
+def to_reap(view: SandboxView) -> bool:
+    """After a broker restart: children never outlive their task; session sandboxes live on."""
+    return view.parent is not None or view.labels.get("role") in ("child", "pool")

@@ -12,6 +12,7 @@ joined), so a retry gets the original answer and never runs twice.
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from nats.errors import NoRespondersError
@@ -23,12 +24,21 @@ from fleet_events.codec import BlobStore, sha256_hex
 from fleet_events.envelope import Envelope, Event, new_id, utc_now
 from fleet_events.ids import InvalidId, check_id
 from fleet_mesh import rpc
+from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.service import ServiceContext
 from fleet_mesh.store import EventStore, Head
-from fleet_sandbox_broker import domain
+from fleet_sandbox_broker import domain, snapshot
 from fleet_sandbox_broker.config import BrokerSettings
-from fleet_sandbox_broker.errors import SandboxError, SandboxNotFound, SandboxStopped, TooLarge
+from fleet_sandbox_broker.errors import (
+    ForkFailed,
+    SandboxError,
+    SandboxNotFound,
+    SandboxStopped,
+    TooLarge,
+)
+from fleet_sandbox_broker.pool import WarmPool
 from fleet_sandbox_broker.providers.local import LocalProvider, LocalSandbox
+from fleet_sandbox_broker.volumes import Volumes, child_subpath
 
 R = TypeVar("R")
 
@@ -41,6 +51,7 @@ class Held:
     box: LocalSandbox
     labels: dict[str, str]
     parent: str | None = None
+    spec: domain.Spec = field(default_factory=domain.Spec)
     interpreters: dict[str, str | None] = field(default_factory=dict)
     children: set[str] = field(default_factory=set)
     served: list[rpc.Served] = field(default_factory=list)
@@ -54,12 +65,16 @@ class Broker:
         store: EventStore,
         blobs: BlobStore,
         settings: BrokerSettings,
+        config: RuntimeConfig,
     ) -> None:
         self.ctx = ctx
         self.provider = provider
         self.store = store
         self.blobs = blobs
         self.settings = settings
+        self.config = config
+        self.volumes = Volumes(settings.volumes)
+        self.pool = WarmPool(provider, settings.pool_size, settings.default_limits())
         self.held: dict[str, Held] = {}
         self._heads: dict[str, Head] = {}
         self._answers = rpc.ReplyCache()
@@ -127,7 +142,9 @@ class Broker:
             replica=self.ctx.replica, status="running" if box.running else "stopped",
             workspace=str(box.workspace), parent=held.parent, labels=held.labels,
             contexts=sorted(box.contexts), stopped_reason=box.stopped_reason, pid=box.pid,
-            uid=box.uid, capabilities=self.provider.capabilities,
+            uid=box.uid, capabilities=self.provider.capabilities, volume=held.spec.volume,
+            volume_subpath=held.spec.volume_subpath, repo_url=held.spec.repo_url,
+            ref=held.spec.ref, context_paths=list(held.spec.context_paths),
         )  # fmt: skip
 
     # -- start -------------------------------------------------------------------------------
@@ -137,17 +154,24 @@ class Broker:
         self.ctx.served.append(
             await self._serve(sb.broker_rpc("create"), sb.CreateSandbox, self.create, queue)
         )
-        self.ctx.served.append(
-            await self._serve(sb.broker_rpc("list"), sb.ListSandboxes, self.list, queue)
-        )
+        await self.reconcile()
+        for verb, kind, handler in (
+            ("list", sb.ListSandboxes, self.list),
+            ("resume", sb.ResumeSandbox, self.resume),
+            ("volume_list", sb.ListVolume, self.volume_list),
+            ("volume_read", sb.ReadVolumeFile, self.volume_read),
+        ):
+            self.ctx.served.append(await self._serve(sb.broker_rpc(verb), kind, handler, queue))
+        self.pool.start()
 
     async def _adopt(self, tenant: str, box: LocalSandbox, labels: dict[str, str],
-                     parent: str | None) -> Held:  # fmt: skip
-        held = Held(tenant=tenant, box=box, labels=labels, parent=parent)
+                     parent: str | None, spec: domain.Spec | None = None) -> Held:  # fmt: skip
+        held = Held(tenant, box, labels, parent, spec or domain.Spec())
         self.held[box.id] = held
         box.on_stop.append(self._on_stop)
         routes: list[tuple[str, type[Any], Any]] = [
             ("fork", sb.ForkSandbox, self.fork),
+            ("build_child", sb.BuildChild, self.build_child),
             ("open", sb.OpenContext, self.open_context),
             ("close", sb.CloseContext, self.close_context),
             ("exec", sb.Execute, self.execute),
@@ -180,32 +204,147 @@ class Broker:
     # -- verbs -------------------------------------------------------------------------------
 
     async def create(self, req: sb.CreateSandbox) -> sb.SandboxInfo:
-        limits = req.limits or self.settings.default_limits()
-        sandbox = new_id()
-        box = await self.provider.create(sandbox, limits, fork_ready=req.fork_ready)
-        held = await self._adopt(req.tenant, box, dict(req.labels), None)
-        for path, ref in req.context_files.items():
-            await box.write_file(path, await self.blobs.get(req.tenant, ref.sha256))
-        await self._append(req.tenant, sandbox, sb.SandboxCreated(
-            sandbox=sandbox, provider=self.provider.name, replica=self.ctx.replica,
-            workspace=str(box.workspace), labels=held.labels, limits=limits,
-        ), held.labels)  # fmt: skip
-        return self._info(sandbox, held)
+        spec = domain.Spec(
+            req.volume, req.volume_subpath, req.repo_url, req.ref, tuple(req.context_paths),
+            req.local_checkout,
+        )  # fmt: skip
+        files = {path: await self.blobs.get(req.tenant, ref.sha256)
+                 for path, ref in req.context_files.items()}  # fmt: skip
+        held = await self._start(
+            req.tenant, dict(req.labels), req.limits, spec, fork_ready=req.fork_ready, files=files
+        )
+        return self._info(held.box.id, held)
+
+    async def _start(
+        self,
+        tenant: str,
+        labels: dict[str, str],
+        limits: sb.Limits | None,
+        spec: domain.Spec,
+        *,
+        fork_ready: bool = True,
+        files: dict[str, bytes] | None = None,
+        sandbox: str | None = None,
+        parent: str | None = None,
+    ) -> Held:
+        """A clean sandbox: from the warm pool when nothing about it is special."""
+        box = None
+        plain = spec.volume is None and spec.repo_url is None and limits is None
+        if plain and fork_ready and sandbox is None:
+            box = self.pool.take()
+        limits = limits or self.settings.default_limits()
+        if box is None:
+            mounts: dict[str, Path] = {}
+            if spec.volume is not None:
+                path = self.volumes.directory(tenant, spec.volume, spec.volume_subpath)
+                await asyncio.to_thread(path.mkdir, 0o700, True, True)
+                mounts["volume"] = path
+            box = await self.provider.create(
+                sandbox or new_id(), limits, fork_ready=fork_ready, mounts=mounts
+            )
+        try:
+            if spec.volume is not None:
+                await asyncio.to_thread(
+                    self.volumes.ensure, tenant, spec.volume, spec.volume_subpath, box.uid
+                )
+            if spec.repo_url is not None:
+                await self.provider.clone_repo(
+                    box, spec.repo_url, spec.ref, allow_local=self.settings.allow_local_repos
+                )
+            for name, data in (files or {}).items():
+                await box.write_file(name, data)
+        except BaseException:
+            await box.destroy()
+            raise
+        held = await self._adopt(tenant, box, labels, parent, spec)
+        await self._append(tenant, box.id, sb.SandboxCreated(
+            sandbox=box.id, provider=self.provider.name, replica=self.ctx.replica,
+            workspace=str(box.workspace), labels=labels, limits=box.limits, volume=spec.volume,
+            volume_subpath=spec.volume_subpath, repo_url=spec.repo_url, ref=spec.ref,
+            context_paths=list(spec.context_paths), local_checkout=spec.local_checkout,
+        ), labels)  # fmt: skip
+        return held
 
     async def fork(self, req: sb.ForkSandbox) -> sb.SandboxInfo:
         parent = self._get(req.tenant, req.sandbox)
+        held = await self._fork(parent, {**parent.labels, **req.labels})
+        return self._info(held.box.id, held)
+
+    async def _fork(self, parent: Held, labels: dict[str, str]) -> Held:
         child_id = new_id()
         box = await self.provider.fork(parent.box, child_id)
-        labels = {**parent.labels, **req.labels, "parent": req.sandbox}
-        held = await self._adopt(req.tenant, box, labels, req.sandbox)
+        labels = {**labels, "parent": parent.box.id}
+        held = await self._adopt(parent.tenant, box, labels, parent.box.id)
         held.interpreters = dict.fromkeys(parent.interpreters)
         parent.children.add(child_id)
-        await self._append(req.tenant, child_id, sb.SandboxForked(
-            sandbox=child_id, parent=req.sandbox, provider=self.provider.name,
+        await self._append(parent.tenant, child_id, sb.SandboxForked(
+            sandbox=child_id, parent=parent.box.id, provider=self.provider.name,
             replica=self.ctx.replica, workspace=str(box.workspace), labels=labels,
             limits=box.limits,
         ), labels)  # fmt: skip
-        return self._info(child_id, held)
+        return held
+
+    async def build_child(self, req: sb.BuildChild) -> sb.ChildSandbox:
+        """The isolation policy, one code path for every child (docs/sandboxes.md)."""
+        parent = self._get(req.tenant, req.sandbox)
+        mode = await self.config.get("rlm_child_isolation_mode", tenant=req.tenant)
+        fallback = await self.config.get("rlm_child_fork_fallback", tenant=req.tenant)
+        policy = domain.ChildPolicy(mode=mode, fallback=fallback)  # type: ignore[arg-type]
+        facts = domain.ParentFacts(
+            has_volume=parent.spec.volume is not None,
+            provider_can_fork=self.provider.capabilities.fork,
+        )
+        plan = domain.decide_child(policy, facts)
+        labels = {**parent.labels, "role": "child", "parent": parent.box.id, **req.labels}
+        child: Held | None = None
+        context = req.context
+        if plan.branch == "fork":
+            try:
+                child = await self._fork(parent, labels)
+            except (ForkFailed, SandboxStopped) as exc:
+                plan = domain.after_fork_failure(policy, exc.message)
+        if plan.branch in ("clean_volume", "clean_fallback"):
+            child, context = await self._clean_child(parent, labels), new_id()
+        elif plan.branch == "context":
+            context = new_id()
+        decided = sb.ChildIsolationDecided(
+            parent=parent.box.id, child=None if plan.branch == "refused" else
+            (child.box.id if child else parent.box.id), mode=policy.mode, branch=plan.branch,
+            reason=plan.reason, context=context,
+        )  # fmt: skip
+        await self._append(req.tenant, parent.box.id, decided, parent.labels)
+        if plan.branch == "refused":
+            raise ForkFailed(f"no sandbox for the child: {plan.reason}")
+        target = child or parent
+        return sb.ChildSandbox(
+            sandbox=target.box.id, context=context, branch=plan.branch, reason=plan.reason,
+            workspace=str(target.box.workspace), context_paths=list(target.spec.context_paths),
+            volume_subpath=target.spec.volume_subpath,
+        )  # fmt: skip
+
+    async def _clean_child(self, parent: Held, labels: dict[str, str]) -> Held:
+        spec, child_id = parent.spec, new_id()
+        paths = list(spec.context_paths)
+        files: dict[str, bytes] = {}
+        if spec.local_checkout and spec.repo_url is None:
+            text = await asyncio.to_thread(
+                snapshot.build, parent.box.workspace, paths,
+                max_bytes=self.settings.snapshot_max_bytes,
+                file_bytes=self.settings.snapshot_file_bytes,
+            )  # fmt: skip
+            files[snapshot.SNAPSHOT_PATH] = text.encode()
+            paths.append(snapshot.SNAPSHOT_PATH)
+        child_spec = domain.Spec(
+            volume=spec.volume,
+            volume_subpath=child_subpath(spec.volume_subpath, child_id) if spec.volume else None,
+            repo_url=spec.repo_url, ref=spec.ref, context_paths=tuple(paths),
+        )  # fmt: skip
+        held = await self._start(
+            parent.tenant, labels, parent.box.limits, child_spec, files=files,
+            sandbox=child_id if spec.volume else None, parent=parent.box.id,
+        )  # fmt: skip
+        parent.children.add(held.box.id)
+        return held
 
     async def open_context(self, req: sb.OpenContext) -> sb.Ack:
         held = self._get(req.tenant, req.sandbox)
@@ -331,6 +470,89 @@ class Broker:
         ]
         return sb.SandboxList(items=items)
 
+    async def _views(self, filter_subject: str) -> dict[str, domain.SandboxView]:
+        views: dict[str, domain.SandboxView] = {}
+        async for stored in self.store.replay(filter_subject):
+            domain.evolve(views, stored.envelope.tenant, stored.envelope.data)
+        return views
+
+    async def resume(self, req: sb.ResumeSandbox) -> sb.SandboxInfo:
+        """The session's sandbox if some replica holds it running; else a replacement on the
+        same volume and subpath (REPL memory lost, files on the volume kept)."""
+        ask = sb.GetSandbox(request_id=new_id(), tenant=req.tenant, sandbox=req.sandbox)
+        try:
+            info = await rpc.call(
+                self.ctx.nc, sb.sandbox_rpc(req.sandbox, "info"), ask, sb.SandboxInfo, timeout=5
+            )
+            if info.status == "running":
+                return info
+            reason = f"its sandbox {req.sandbox} was stopped: {info.stopped_reason}"
+        except (NoRespondersError, TimeoutError, NatsTimeout):
+            reason = f"its sandbox {req.sandbox} is gone (no broker holds it)"
+        except rpc.RemoteError as exc:
+            raise SandboxNotFound(exc.message) from exc
+        view = (await self._views(sb.sandbox_subject(req.tenant, req.sandbox))).get(req.sandbox)
+        if view is None or view.status == "deleted":
+            raise SandboxNotFound(f"no live sandbox {req.sandbox!r} for tenant {req.tenant!r}")
+        if req.sandbox in self.held:
+            await self._delete(self.held[req.sandbox], "replaced")
+        held = await self._start(req.tenant, dict(view.labels), view.limits, view.spec)
+        await self._append(req.tenant, held.box.id, sb.SandboxReplaced(
+            sandbox=held.box.id, replaced=req.sandbox,
+            reason=f"{reason}; REPL memory is lost, files on the volume are kept",
+        ), held.labels)  # fmt: skip
+        return self._info(held.box.id, held)
+
+    async def volume_list(self, req: sb.ListVolume) -> sb.VolumeListing:
+        return await asyncio.to_thread(
+            self.volumes.listing, req.tenant, req.volume, req.path, min(req.max_entries, 10_000)
+        )
+
+    async def volume_read(self, req: sb.ReadVolumeFile) -> sb.FileContent:
+        cap = min(req.max_bytes, self.settings.max_request_bytes - 4096)
+        data = await asyncio.to_thread(self.volumes.read, req.tenant, req.volume, req.path, cap)
+        return sb.FileContent(path=req.path, size=len(data), sha256=sha256_hex(data), data=data)
+
+    async def reconcile(self) -> None:
+        """After a restart: reap this replica's children, run its session sandboxes again."""
+        views = await self._views("fleet.sandbox.>")
+        mine = [v for v in views.values() if v.replica == self.ctx.replica
+                and v.status != "deleted"]  # fmt: skip
+        for view in sorted(mine, key=lambda v: v.parent is None):
+            if domain.to_reap(view):
+                await self.provider.remove_dir(self.provider.settings.root / view.sandbox)
+                await self._append(view.tenant, view.sandbox, sb.SandboxDeleted(
+                    sandbox=view.sandbox, reason="reaped: its broker restarted, and a child "
+                    "never outlives its task",
+                ), view.labels)  # fmt: skip
+                continue
+            try:
+                await self._revive(view)
+            except Exception:
+                self.ctx.log.exception(
+                    "could not revive a sandbox", extra={"sandbox": view.sandbox}
+                )
+
+    async def _revive(self, view: domain.SandboxView) -> None:
+        mounts: dict[str, Path] = {}
+        if view.spec.volume is not None:
+            mounts["volume"] = self.volumes.directory(
+                view.tenant, view.spec.volume, view.spec.volume_subpath
+            )
+        box = await self.provider.create(view.sandbox, view.limits, mounts=mounts, revive=True)
+        if view.spec.volume is not None:
+            await asyncio.to_thread(
+                self.volumes.ensure, view.tenant, view.spec.volume, view.spec.volume_subpath,
+                box.uid,
+            )  # fmt: skip
+        held = await self._adopt(view.tenant, box, dict(view.labels), None, view.spec)
+        await self._append(view.tenant, view.sandbox, sb.SandboxReplaced(
+            sandbox=view.sandbox, replaced=view.sandbox,
+            reason="its broker restarted: the sandbox runs again on the same workspace; REPL "
+            "memory was lost, files were kept",
+        ), held.labels)  # fmt: skip
+
     async def close(self) -> None:
+        await self.pool.close()
         for held in list(self.held.values()):
             await held.box.stop("the broker stopped", "exited")

@@ -37,6 +37,7 @@ from fleet_events.envelope import new_id
 from fleet_events.sandbox import Capabilities, ExecuteReply, Limits, ToolCall, ToolReply
 from fleet_sandbox_broker.domain import Stopwatch
 from fleet_sandbox_broker.errors import (
+    BadSpec,
     ForkFailed,
     PathRefused,
     ProtocolViolation,
@@ -53,13 +54,18 @@ RUNNER = Path(__file__).with_name("runner.py")
 
 SETUP_SH = """set -e
 R="$1"; shift
+while [ "$1" != "--" ]; do
+  mount --no-canonicalize --bind "$1" "$2"
+  shift 2
+done
+shift
 exec 8<"$R"
 mount -t tmpfs -o size=64k,mode=755 tmpfs /tmp
 for d in /var/tmp /dev/shm /run/lock; do
   if [ -d "$d" ]; then mount -t tmpfs -o ro,size=4k,mode=755 tmpfs "$d"; fi
 done
 mkdir -p "$R"
-mount --no-canonicalize --bind /proc/self/fd/8 "$R"
+mount --no-canonicalize --rbind /proc/self/fd/8 "$R"
 exec 8<&-
 mount -o remount,ro,size=64k /tmp
 exec "$@"
@@ -128,6 +134,14 @@ def sweep_uid(uid: int) -> None:
         check=False,
         timeout=10,
     )
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    """Give a tree to `uid` without following links (a revived sandbox gets a new uid)."""
+    os.chown(path, uid, uid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+        for name in (*dirnames, *filenames):
+            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
 
 
 def processes_of(uid: int) -> list[int]:
@@ -634,15 +648,29 @@ class LocalProvider:
         self._uids.release(uid)
 
     async def create(
-        self, sandbox_id: str, limits: Limits, *, fork_ready: bool = True
+        self,
+        sandbox_id: str,
+        limits: Limits,
+        *,
+        fork_ready: bool = True,
+        mounts: dict[str, Path] | None = None,
+        revive: bool = False,
     ) -> LocalSandbox:
+        """Start a sandbox. `mounts` binds host directories (volumes) at workspace-relative
+        paths; `revive` starts a new process in an existing sandbox's directory (files kept,
+        REPL memory gone), after a broker restart."""
         uid = await asyncio.to_thread(self._uids.claim)
         try:
-            directory = await asyncio.to_thread(self._make_dirs, sandbox_id, uid)
+            directory = await asyncio.to_thread(
+                self._make_dirs, sandbox_id, uid, list(mounts or {}), revive
+            )
+            binds: list[str] = []
+            for target, source in (mounts or {}).items():
+                binds += [str(source), str(directory / "workspace" / target)]
             mine, theirs = socket.socketpair()
             argv = [
                 "unshare", "--net", "--mount", "--", "/bin/sh", str(self._setup),
-                str(self.settings.root),
+                str(self.settings.root), *binds, "--",
                 "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
                 self.settings.python, "-I", str(directory / "runner.py"),
@@ -701,17 +729,52 @@ class LocalProvider:
                 close_fds=True,
             )
 
-    def _make_dirs(self, sandbox_id: str, uid: int) -> Path:
+    def _make_dirs(self, sandbox_id: str, uid: int, mountpoints: list[str], revive: bool) -> Path:
         directory = self.settings.root / sandbox_id
-        directory.mkdir(mode=0o700)
+        directory.mkdir(mode=0o700, exist_ok=revive)
         for sub in ("workspace", "tmp"):
-            (directory / sub).mkdir(mode=0o700)
-            os.chown(directory / sub, uid, uid)
+            (directory / sub).mkdir(mode=0o700, exist_ok=revive)
+        for target in mountpoints:
+            (directory / "workspace" / target).mkdir(mode=0o700, parents=True, exist_ok=True)
+        chown_tree(directory / "workspace", uid)
+        chown_tree(directory / "tmp", uid)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(directory / "runner.py", 0o600)
         shutil.copyfile(RUNNER, directory / "runner.py")
         os.chmod(directory / "runner.py", 0o444)
         # root-owned and traversable only: the sandbox writes nowhere but workspace/ and tmp/
         os.chmod(directory, 0o711)  # noqa: S103
         return directory
+
+    async def clone_repo(
+        self, box: LocalSandbox, url: str, ref: str | None, *, allow_local: bool
+    ) -> None:
+        """Clone `url` at `ref` into `workspace/repo`, as root on the host (the sandbox has no
+        network), then hand it to the sandbox's uid. Local paths and file:// only in tests."""
+        protocols = "https:ssh:git" + (":file" if allow_local else "")
+        if not allow_local and (url.startswith(("/", ".", "file:")) or "://" not in url):
+            raise BadSpec(
+                f"repo_url {url!r} is refused: use an https/ssh/git URL; a local checkout "
+                "is uploaded as context files, never read from the server's disk"
+            )
+        target = box.workspace / "repo"
+        env = {"PATH": "/usr/bin:/bin", "GIT_ALLOW_PROTOCOL": protocols, "HOME": "/nonexistent",
+               "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"}  # fmt: skip
+        steps = [["git", "clone", "--quiet", "--no-checkout", "--", url, str(target)]]
+        steps.append(["git", "-C", str(target), "checkout", "--quiet", ref or "HEAD", "--"])
+        for argv in steps:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+            try:
+                _, err = await asyncio.wait_for(proc.communicate(), 300)
+            except TimeoutError:
+                proc.kill()
+                raise BadSpec(f"cloning {url!r} took over 300 s") from None
+            if proc.returncode != 0:
+                detail = err.decode(errors="replace").strip()
+                raise BadSpec(f"cannot check out {url!r} at {ref or 'HEAD'!r}: {detail}")
+        await asyncio.to_thread(chown_tree, target, box.uid)
 
     async def copy_sandbox_dir(self, source: Path, target: Path) -> None:
         proc = await asyncio.create_subprocess_exec(

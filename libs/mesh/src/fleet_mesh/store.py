@@ -10,6 +10,7 @@
   ignoring snapshots written by another fold version; live subscription; verification.
 """
 
+import asyncio
 import base64
 import json
 import logging
@@ -48,6 +49,7 @@ S = TypeVar("S")
 WRONG_LAST_SEQUENCE = 10071
 BATCH_DUPLICATE_ID = 10201
 MAX_BATCH = 1000
+READ_BATCH = 1000
 
 
 class StoreError(Exception):
@@ -83,6 +85,16 @@ class Appended:
     @property
     def head(self) -> Head:
         return Head(self.seq, self.hash)
+
+
+@dataclass(frozen=True, slots=True)
+class RawEvent:
+    """A stored message as the server holds it: the bytes the chain covers, undecoded."""
+
+    subject: str
+    seq: int
+    headers: dict[str, str]
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +152,10 @@ def _headers(msg: Msg | RawStreamMsg) -> dict[str, str]:
     return dict(msg.headers or {})
 
 
+def _json_bytes(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
 def _snapshot_key(fold: str, filter_subject: str) -> str:
     return f"{fold}.{filter_subject.replace('>', '_all').replace('*', '_any')}"
 
@@ -162,6 +178,7 @@ class EventStore:
         self._snapshots = snapshots
         self._timeout = timeout
         self._encoder = msgspec.msgpack.Encoder()
+        self._direct_get = f"$JS.API.DIRECT.GET.{stream.name}"
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -295,14 +312,80 @@ class EventStore:
             prev_hash=headers.get(PREV_HEADER, ""),
         )
 
-    async def _raw(self, filter_subject: str, from_seq: int, *, follow: bool) -> AsyncIterator[Msg]:
-        """Stored messages in stream order; without `follow`, up to the head at call time."""
-        end = 0
-        if not follow:
+    async def read_raw(
+        self, filter_subject: str, *, from_seq: int = 1, up_to_seq: int | None = None
+    ) -> AsyncIterator[RawEvent]:
+        """Stored messages in stream order, up to the head at call time (or `up_to_seq`).
+
+        Batched direct gets (server >= 2.11): the server streams up to `READ_BATCH` matching
+        messages per request, with no consumer to create or delete, so a short tail costs one
+        round trip and a long replay a few. Streams are created with `allow_direct`.
+        """
+        if up_to_seq is None:
             last = await self._last_raw(filter_subject)
-            end = (last.seq or 0) if last is not None else 0
-            if end < from_seq:
+            up_to_seq = (last.seq or 0) if last is not None else 0
+        seq = from_seq
+        while seq <= up_to_seq:
+            batch, more = await self._direct_batch(filter_subject, seq, up_to_seq)
+            for raw in batch:
+                if raw.seq > up_to_seq:
+                    return
+                yield raw
+            if not more or not batch:
                 return
+            seq = batch[-1].seq + 1
+
+    async def _direct_batch(
+        self, filter_subject: str, seq: int, up_to_seq: int
+    ) -> tuple[list[RawEvent], bool]:
+        """One batched direct get: the messages, and whether more match after them."""
+        messages: list[Msg] = []
+        finished: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+
+        async def collect(msg: Msg) -> None:  # a callback: far cheaper than next_msg per message
+            if msg.headers and "Status" in msg.headers:
+                if not finished.done():
+                    finished.set_result(msg)
+            else:
+                messages.append(msg)
+
+        request = {"seq": seq, "next_by_subj": filter_subject, "batch": READ_BATCH}
+        sub = await self._nc.subscribe(
+            self._nc.new_inbox(), cb=collect, pending_msgs_limit=READ_BATCH * 2
+        )
+        try:
+            await self._nc.publish(self._direct_get, _json_bytes(request), sub.subject)
+            end = await asyncio.wait_for(finished, self._timeout)
+        finally:
+            await sub.unsubscribe()
+        status = (end.headers or {}).get("Status")
+        if status not in ("204", "404"):
+            raise StoreError(
+                f"reading {filter_subject} from {seq}: server answered {status} "
+                f"{(end.headers or {}).get('Description', '')}"
+            )
+        batch = []
+        for msg in messages:
+            headers = _headers(msg)
+            batch.append(
+                RawEvent(headers["Nats-Subject"], int(headers["Nats-Sequence"]), headers, msg.data)
+            )
+        more = status == "204" and int((end.headers or {}).get("Nats-Num-Pending", "0")) > 0
+        return batch, more
+
+    async def replay(self, filter_subject: str, *, from_seq: int = 1) -> AsyncIterator[StoredEvent]:
+        """Events of a subject or wildcard, in stream order, up to the head at call time."""
+        async for raw in self.read_raw(filter_subject, from_seq=from_seq):
+            yield await self._stored(raw.subject, raw.seq, raw.headers, raw.data)
+
+    async def subscribe(
+        self, filter_subject: str, *, from_seq: int = 1
+    ) -> AsyncIterator[StoredEvent]:
+        """Live: everything from `from_seq`, then each new event as it lands. Never ends.
+
+        An ordered consumer: the server pushes new events as they are stored, and the client
+        library recreates the consumer from the last sequence seen if a message goes missing.
+        """
         sub = await self._js.subscribe(
             filter_subject,
             stream=self._stream,
@@ -313,28 +396,12 @@ class EventStore:
         )
         try:
             while True:
-                msg = await sub.next_msg(timeout=None if follow else self._timeout * 6)
-                yield msg
-                if not follow and msg.metadata.sequence.stream >= end:
-                    return
+                msg = await sub.next_msg(timeout=None)
+                yield await self._stored(
+                    msg.subject, msg.metadata.sequence.stream, _headers(msg), msg.data
+                )
         finally:
             await sub.unsubscribe()
-
-    async def replay(self, filter_subject: str, *, from_seq: int = 1) -> AsyncIterator[StoredEvent]:
-        """Events of a subject or wildcard, in stream order, up to the head at call time."""
-        async for msg in self._raw(filter_subject, from_seq, follow=False):
-            yield await self._stored(
-                msg.subject, msg.metadata.sequence.stream, _headers(msg), msg.data
-            )
-
-    async def subscribe(
-        self, filter_subject: str, *, from_seq: int = 1
-    ) -> AsyncIterator[StoredEvent]:
-        """Live: everything from `from_seq`, then each new event as it lands. Never ends."""
-        async for msg in self._raw(filter_subject, from_seq, follow=True):
-            yield await self._stored(
-                msg.subject, msg.metadata.sequence.stream, _headers(msg), msg.data
-            )
 
     # -- folding -----------------------------------------------------------------------------
 
@@ -403,15 +470,14 @@ class EventStore:
     async def verify(self, filter_subject: str, *, from_seq: int = 1) -> Verification:
         """Check every chain under `filter_subject`; name the first bad event."""
         verifier = ChainVerifier(trust_first=from_seq > 1)
-        async for msg in self._raw(filter_subject, from_seq, follow=False):
-            headers = _headers(msg)
+        async for raw in self.read_raw(filter_subject, from_seq=from_seq):
             fault = verifier.feed(
-                msg.subject,
-                msg.metadata.sequence.stream,
-                headers.get("Nats-Msg-Id", "?"),
-                headers.get(PREV_HEADER),
-                headers.get(HASH_HEADER),
-                msg.data,
+                raw.subject,
+                raw.seq,
+                raw.headers.get("Nats-Msg-Id", "?"),
+                raw.headers.get(PREV_HEADER),
+                raw.headers.get(HASH_HEADER),
+                raw.data,
             )
             if fault is not None:
                 break
@@ -419,16 +485,15 @@ class EventStore:
 
     async def export(self, filter_subject: str) -> AsyncIterator[bytes]:
         """JSON lines carrying the verbatim stored bytes beside their chain hashes."""
-        async for msg in self._raw(filter_subject, 1, follow=False):
-            headers = _headers(msg)
+        async for raw in self.read_raw(filter_subject):
             yield json.dumps(
                 {
-                    "subject": msg.subject,
-                    "seq": msg.metadata.sequence.stream,
-                    "id": headers.get("Nats-Msg-Id"),
-                    "prev": headers.get(PREV_HEADER),
-                    "hash": headers.get(HASH_HEADER),
-                    "payload": base64.b64encode(msg.data).decode(),
+                    "subject": raw.subject,
+                    "seq": raw.seq,
+                    "id": raw.headers.get("Nats-Msg-Id"),
+                    "prev": raw.headers.get(PREV_HEADER),
+                    "hash": raw.headers.get(HASH_HEADER),
+                    "payload": base64.b64encode(raw.data).decode(),
                 },
                 separators=(",", ":"),
             ).encode()

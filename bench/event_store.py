@@ -217,7 +217,8 @@ async def bench_restore(js: JetStreamContext, store: EventStore, events: int, sa
     )
     ordered, _ = await side_by_side(consumer_read, project, samples=3, warmup=0, block=1)
     print(
-        f"   (for reference: a raw read through an ordered push consumer, p50 {ordered.p50_ms:.1f} ms)"
+        "   (for reference: a raw read through an ordered push consumer, "
+        f"p50 {ordered.p50_ms:.1f} ms)"
     )
     loaded = await store.load(filt, fold, use_snapshot=False)
     await store.save_snapshot(filt, fold, loaded)

@@ -1,0 +1,155 @@
+"""A broker SIGKILLed with live sandboxes: children reaped, the session's sandbox usable again;
+a session whose sandbox is held by no broker gets a replacement (`sandbox.replaced`)."""
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_agent.interpreter import RemoteInterpreter
+from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import sandbox as sb
+from fleet_events import streams, subjects
+from fleet_events.codec import Codec
+from fleet_events.envelope import new_id
+from fleet_harness.procs import Replica
+from fleet_harness.waits import eventually_sync
+from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.service import Ping, Pong
+from fleet_mesh.store import EventStore
+
+
+class Brokers:
+    def __init__(self, url: str, root: Path) -> None:
+        self.url, self.root = url, root
+        self.started: list[Replica] = []
+
+    def start(self, replica: str) -> Replica:
+        process = Replica(
+            service="sandbox-broker", index=len(self.started),
+            argv=[sys.executable, "-m", "fleet_sandbox_broker"],
+            env={
+                "PATH": "/usr/local/bin:/usr/bin:/bin", "NATS_URL": self.url,
+                "FLEET_REPLICA": replica, "FLEET_SANDBOX_ROOT": str(self.root / "root"),
+                "FLEET_SANDBOX_VOLUMES": str(self.root / "volumes"),
+                "FLEET_SANDBOX_UID_BASE": "340000", "FLEET_SANDBOX_POOL_SIZE": "0",
+                "PYTHONUNBUFFERED": "1",
+            },
+            log_path=self.root / f"{replica}-{len(self.started)}.log",
+        ).start()  # fmt: skip
+        self.started.append(process)
+        return process
+
+
+@pytest.fixture
+def brokers(nats_server: NatsServer, tmp_path: Path, broker: Replica) -> Iterator[Brokers]:
+    # `broker` (the module's) has bootstrapped the streams; these brokers get their own
+    # replica names, so the module broker never answers for their sandboxes
+    made = Brokers(nats_server.url, tmp_path)
+    yield made
+    for process in made.started:
+        process.kill()
+
+
+@pytest.fixture
+def bus(nats_server: NatsServer) -> Iterator[SandboxBus]:
+    with SandboxBus(nats_server.url, tenant=f"t-{new_id()[:10]}") as connected:
+        yield connected
+
+
+def wait_replica(bus: SandboxBus, replica: str, count: int | None = None) -> None:
+    def answered() -> bool:
+        try:
+            pong = bus.call(subjects.ping("sandbox-broker"), Ping(), Pong, timeout=0.3)
+        except Exception:
+            return False
+        return pong.replica == replica
+
+    eventually_sync(answered, timeout=30, what=f"{replica} to answer ping")
+
+
+def stream(bus: SandboxBus, sandbox: str) -> list[Any]:
+    async def read() -> list[Any]:
+        js = bus.nc.jetstream()
+        store = EventStore(js, streams.SANDBOXES, Codec(await JetStreamBlobs.open(js)))
+        subject = sb.sandbox_subject(bus.tenant, sandbox)
+        return [s.envelope.data async for s in store.replay(subject)]
+
+    return bus.run(read(), timeout=20)
+
+
+def create_on(bus: SandboxBus, replica: str, **fields: Any) -> sb.SandboxInfo:
+    """Create until the named replica answers (create is served by the whole queue group)."""
+    for _ in range(40):
+        request = sb.CreateSandbox(request_id=new_id(), tenant=bus.tenant, **fields)
+        info = bus.call(sb.broker_rpc("create"), request, sb.SandboxInfo, timeout=60)
+        if info.replica == replica:
+            return info
+        bus.delete_sandbox(info.sandbox)
+    raise AssertionError(f"{replica} never answered create")
+
+
+@pytest.mark.slow
+def test_after_a_sigkill_children_are_reaped_and_the_session_sandbox_is_usable(
+    brokers: Brokers, bus: SandboxBus
+) -> None:
+    first = brokers.start("sbx-restart")
+    wait_replica(bus, "sbx-restart")
+    session = create_on(bus, "sbx-restart", labels={"session": "s1", "role": "session"})
+    repl = RemoteInterpreter(bus, session.sandbox)
+    repl.execute("open('notes.txt', 'w').write('kept')\nmemory = 1")
+    request = sb.BuildChild(request_id=new_id(), tenant=bus.tenant, sandbox=session.sandbox,
+                            context=repl.context)  # fmt: skip
+    child = bus.call(sb.sandbox_rpc(session.sandbox, "build_child"), request, sb.ChildSandbox,
+                     timeout=60)  # fmt: skip
+    assert child.branch == "fork"
+    first.kill()
+    brokers.start("sbx-restart")
+    eventually_sync(lambda: isinstance(stream(bus, child.sandbox)[-1], sb.SandboxDeleted),
+                    timeout=30, what="the child reaped")  # fmt: skip
+    assert "reaped" in stream(bus, child.sandbox)[-1].reason
+    assert not Path(child.workspace).exists()
+    eventually_sync(lambda: isinstance(stream(bus, session.sandbox)[-1], sb.SandboxReplaced),
+                    timeout=30, what="the session sandbox revived")  # fmt: skip
+    revived = stream(bus, session.sandbox)[-1]
+    assert revived.replaced == revived.sandbox == session.sandbox
+    again = RemoteInterpreter(bus, session.sandbox)
+    assert again.execute("open('notes.txt').read()") == "kept"
+    assert again.execute("'memory' in globals()") is False
+    again.shutdown()
+    bus.delete_sandbox(session.sandbox)
+
+
+@pytest.mark.slow
+def test_a_session_whose_sandbox_vanished_gets_a_replacement_on_the_same_volume(
+    brokers: Brokers, bus: SandboxBus
+) -> None:
+    first = brokers.start("sbx-gone")
+    wait_replica(bus, "sbx-gone")
+    old = create_on(bus, "sbx-gone", labels={"session": "s2"}, volume="v", volume_subpath="s2")
+    repl = RemoteInterpreter(bus, old.sandbox)
+    repl.execute("open('volume/data.txt', 'w').write('durable')")
+    first.kill()
+    brokers.start("sbx-other")  # a different replica: nobody revives the old sandbox
+    wait_replica(bus, "sbx-other")
+    request = sb.ResumeSandbox(request_id=new_id(), tenant=bus.tenant, sandbox=old.sandbox)
+    new = bus.call(sb.broker_rpc("resume"), request, sb.SandboxInfo, timeout=60)
+    assert new.sandbox != old.sandbox
+    assert (new.volume, new.volume_subpath) == ("v", "s2")
+    (replaced,) = [e for e in stream(bus, new.sandbox) if isinstance(e, sb.SandboxReplaced)]
+    assert replaced.replaced == old.sandbox
+    assert "is gone" in replaced.reason
+    fresh = RemoteInterpreter(bus, new.sandbox)
+    assert fresh.execute("open('volume/data.txt').read()") == "durable"
+    fresh.shutdown()
+    again = bus.call(
+        sb.broker_rpc("resume"),
+        sb.ResumeSandbox(request_id=new_id(), tenant=bus.tenant, sandbox=new.sandbox),
+        sb.SandboxInfo,
+        timeout=30,
+    )
+    assert again.sandbox == new.sandbox  # a live sandbox is simply returned
+    bus.delete_sandbox(new.sandbox)

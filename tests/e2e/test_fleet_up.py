@@ -10,7 +10,7 @@ import pytest
 from nats.aio.client import Client
 
 from fleet_events import streams, subjects
-from fleet_harness.waits import eventually
+from fleet_harness.waits import WaitTimeout, eventually
 from fleet_mesh import rpc
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
@@ -26,13 +26,19 @@ COMPONENTS += len(subjects.SERVICES)
 
 
 async def ready(mesh: Mesh) -> dict[str, dict[str, object]]:
+    last: list[str] = ["nothing answered"]
+
     async def probe() -> httpx.Response | None:
         assert mesh.process.poll() is None, f"fleet up exited:\n{mesh.printed()}"
         async with httpx.AsyncClient(timeout=5) as client:
             response = await client.get(f"{mesh.gateway}/ready")
+        last[0] = f"{response.status_code} {response.text}"
         return response if response.status_code == 200 else None
 
-    response = await eventually(probe, timeout=READY_S, interval=0.2, what="/ready to say 200")
+    try:
+        response = await eventually(probe, timeout=READY_S, interval=0.2, what="/ready 200")
+    except WaitTimeout:
+        pytest.fail(f"/ready never said 200; last answer: {last[0]}\n{mesh.printed()[-3000:]}")
     return {c["name"]: c for c in response.json()["components"]}
 
 

@@ -11,7 +11,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import httpx
 import pytest
 from nats.aio.client import Client
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from fleet_events import streams, subjects
@@ -42,7 +41,7 @@ def gateway() -> Gateway:
     return mounted
 
 
-async def _answer_pings(nc: Client, services: tuple[str, ...]) -> list[Subscription]:
+async def _answer_pings(nc: Client, services: tuple[str, ...]) -> list[rpc.Served]:
     subs = []
     for service in services:
 

@@ -285,9 +285,13 @@ class Ledgers(Generic[S]):
                 await self._catch_up(subject, cached)
                 raise
             if any(s.duplicate for s in stored):
+                # Ours after a lost ack, or (for a batch) only its last event: the store's
+                # read-back matches the last id, and a racing replica may have stored that one
+                # request alone. Either way decide again from the ledger as it is.
                 await self._catch_up(subject, cached)
-                self._reject_foreign(subject, cached, envelopes, answers)
-                raise _Retry  # a lost ack: decide again from the ledger, which has them
+                if len(envelopes) == 1:
+                    self._reject_foreign(subject, cached, envelopes, answers)
+                raise _Retry
             if len(pending) == 1:
                 scratch = self._evolve(scratch, envelopes[0].id, envelopes[0].data)
             cached.state, cached.head = scratch, stored[-1].head

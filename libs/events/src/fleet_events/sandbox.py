@@ -68,6 +68,8 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class SandboxCreated(Event, frozen=True, kw_only=True, tag="sandbox.created"):
+    """A clean sandbox started: what it was made from, so a child or replacement can be too."""
+
     sandbox: str
     provider: str
     replica: str
@@ -95,12 +97,16 @@ class SandboxForked(Event, frozen=True, kw_only=True, tag="sandbox.forked"):
 
 
 class ContextOpened(Event, frozen=True, kw_only=True, tag="sandbox.context_opened"):
+    """A REPL context (one interpreter's namespace) opened in a sandbox."""
+
     sandbox: str
     context: str
     interpreter: str | None = None
 
 
 class ContextClosed(Event, frozen=True, kw_only=True, tag="sandbox.context_closed"):
+    """An interpreter shut down: its context is gone, the sandbox lives on."""
+
     sandbox: str
     context: str
 
@@ -114,6 +120,8 @@ class LimitExceeded(Event, frozen=True, kw_only=True, tag="sandbox.limit_exceede
 
 
 class SandboxDeleted(Event, frozen=True, kw_only=True, tag="sandbox.deleted"):
+    """A sandbox's processes and workspace are gone (its volume, if any, is kept)."""
+
     sandbox: str
     reason: str = "requested"
 

@@ -18,7 +18,8 @@ class BudgetSettings(BaseSettings):
 
     concurrency: int = Field(default=64, ge=1, le=4096)
     """Requests of one verb a replica handles at once (those on one tree take turns)."""
-    conflict_attempts: int = Field(default=16, ge=1)
+    conflict_attempts: int = Field(default=64, ge=1)
+    """Lost races one commit may absorb; `conflict_deadline_s` is the bound that usually ends it."""
     conflict_deadline_s: float = Field(default=1.5, gt=0)
     """Bounded below the client's attempt timeout, so a reply always comes before the retry."""
     cached_ledgers: int = Field(default=10_000, ge=1)

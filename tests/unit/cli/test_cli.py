@@ -1,12 +1,20 @@
 """`fleet` argument handling that needs no running mesh."""
 
+import json
+import os
+import socket
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from fleet_cli.main import app
 from fleet_mesh.natsserver import free_port
+
+
+def said(result: Result) -> str:
+    """The output with rich's line wrapping undone."""
+    return " ".join(result.output.split())
 
 
 @pytest.mark.parametrize(
@@ -17,8 +25,8 @@ def test_up_refuses_llm_modes_that_do_not_exist_yet_and_says_which_issue_brings_
 ) -> None:
     result = CliRunner().invoke(app, ["up", "--llm", llm, "--data-dir", str(tmp_path)])
     assert result.exit_code == 2
-    assert f"--llm {llm} is not available yet" in result.output
-    assert says in result.output
+    assert f"--llm {llm} is not available yet" in said(result)
+    assert says in said(result)
     assert not (tmp_path / "logs").exists()  # refused before starting anything
 
 
@@ -26,4 +34,23 @@ def test_status_without_a_gateway_says_so_and_exits_2(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     result = CliRunner().invoke(app, ["status", "--data-dir", str(tmp_path), "--url", url])
     assert result.exit_code == 2
-    assert f"no gateway at {url}" in result.output
+    assert f"no gateway at {url}" in said(result)
+
+
+def test_up_refuses_a_gateway_port_that_is_taken_before_starting_anything(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        argv = ["up", "--data-dir", str(tmp_path), "--port", str(port), "--nats-port", "0"]
+        result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    assert f"gateway port {port} on 127.0.0.1 is in use; pass --port" in said(result)
+    assert not (tmp_path / "logs").exists()
+
+
+def test_up_refuses_a_second_mesh_on_the_same_data_dir(tmp_path: Path) -> None:
+    (tmp_path / "up.json").write_text(json.dumps({"pid": os.getpid(), "gateway": "x"}))
+    result = CliRunner().invoke(app, ["up", "--data-dir", str(tmp_path), "--nats-port", "0"])
+    assert result.exit_code == 2
+    assert f"already running (fleet up, pid {os.getpid()})" in said(result)

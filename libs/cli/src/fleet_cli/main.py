@@ -15,7 +15,7 @@ from rich.logging import RichHandler
 from fleet_cli import display
 from fleet_cli.children import ChildView
 from fleet_cli.status import ask, gateway_url, wait_ready
-from fleet_cli.supervisor import UpOptions, up
+from fleet_cli.supervisor import CannotStart, UpOptions, preflight, up
 from fleet_mesh.logs import JsonFormatter
 from fleet_mesh.natsserver import free_port
 
@@ -69,7 +69,6 @@ def up_command(
     """Start NATS (or join $NATS_URL), bootstrap it, run every service; Ctrl-C stops all."""
     _check_llm(llm)
     data_dir = data_dir.resolve()
-    _logging(data_dir / "logs" / "fleet-up.log")
     options = UpOptions(
         data_dir=data_dir,
         gateway_port=port,
@@ -77,6 +76,12 @@ def up_command(
         join_url=os.environ.get("NATS_URL") or None,
         grace_s=grace,
     )
+    try:
+        preflight(options)
+    except CannotStart as exc:
+        console.print(f"[red]fleet up cannot start:[/] {exc}")
+        raise typer.Exit(2) from None
+    _logging(data_dir / "logs" / "fleet-up.log")
     asyncio.run(_up(options, ready_timeout))
 
 

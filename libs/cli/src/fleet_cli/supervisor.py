@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +48,45 @@ class UpOptions:
     @property
     def gateway_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
+
+
+class CannotStart(Exception):
+    """`fleet up` refuses before starting anything; the message says what to do."""
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def preflight(options: UpOptions) -> None:
+    """Refuse what would only fail later, less clearly: a second mesh on one data dir, a port
+    someone else holds (the gateway would crash-loop on it)."""
+    state = options.data_dir / STATE_FILE
+    if state.exists():
+        try:
+            pid = int(json.loads(state.read_text())["pid"])
+            os.kill(pid, 0)
+        except (ValueError, KeyError, ProcessLookupError, PermissionError):
+            pass  # left by a mesh that did not stop cleanly: nothing runs there now
+        else:
+            raise CannotStart(
+                f"a mesh from {options.data_dir} is already running (fleet up, pid {pid}); "
+                "stop it, or pass another --data-dir"
+            )
+    ports = [("gateway", "--port", options.gateway_port)]
+    if options.join_url is None:
+        ports.append(("NATS", "--nats-port", options.nats_port))
+    for what, flag, port in ports:
+        if _port_taken(port):
+            raise CannotStart(
+                f"{what} port {port} on 127.0.0.1 is in use; pass {flag} with a free port"
+                + (" (0 picks one)" if flag == "--nats-port" else "")
+            )
 
 
 def module_of(service: str) -> str:

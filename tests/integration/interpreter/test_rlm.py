@@ -122,3 +122,45 @@ def test_rlm_runs_through_the_bus(bus: SandboxBus, sandbox: SandboxInfo) -> None
     info = bus.sandbox_info(sandbox.sandbox)
     assert info.status == "running"
     assert info.contexts == []
+
+
+def test_a_sandbox_built_rlm_runs_on_a_nested_interpreter(
+    bus: SandboxBus, sandbox: SandboxInfo
+) -> None:
+    """dspy's facade builds `dspy.RLM` on the host while the outer cell waits on the tool call;
+    the inner RLM asks the same factory for an interpreter: a second context, same sandbox."""
+    outer_steps = iter([
+        "inner = dspy.RLM('text -> n: int', max_iters=3)\n"
+        "got = inner(text='a b c')\nprint(got.n)",
+        "SUBMIT(answer=str(got.n), words=got.n)",
+    ])  # fmt: skip
+
+    def main_reply(system: str, user: str) -> str:
+        if "Variable: `text`" in user:  # the inner RLM's action step
+            return action("inner", "SUBMIT(n=len(text.split()))")
+        return action("outer", next(outer_steps))
+
+    main = ScriptedEngine(main_reply)
+    main_lm = dspy.LM("scripted/main", engine=main, cache=False)
+    factory = RemoteInterpreterFactory(bus, sandbox.sandbox)
+    opened: list[str] = []
+
+    def counting_factory() -> Any:
+        interpreter = factory()
+        opened.append(interpreter.context)
+        return interpreter
+
+    counting_factory.execution_instructions = factory.execution_instructions  # type: ignore[attr-defined]
+    rlm = dspy.RLM(
+        "context -> answer: str, words: int",
+        max_iters=4,
+        max_llm_calls=10,
+        sub_lm=main_lm,
+        interpreter_factory=counting_factory,
+    )
+    with dspy.context(lm=main_lm, adapter=dspy.ChatAdapter(use_json_adapter_fallback=False)):
+        result = rlm(context="ignored")
+    assert (result.answer, result.words) == ("3", 3)
+    assert len(opened) == 2  # the outer interpreter and the nested one, distinct contexts
+    assert len(set(opened)) == 2
+    assert bus.sandbox_info(sandbox.sandbox).contexts == []

@@ -77,7 +77,10 @@ class Broker:
         self.pool = WarmPool(provider, settings.pool_size, settings.default_limits())
         self.held: dict[str, Held] = {}
         self._heads: dict[str, Head] = {}
-        self._answers = rpc.ReplyCache()
+        # Answers kept for retries. Execution replies can be megabytes (output, values), so
+        # they get a small cache of their own: a retry is expected within seconds, not hours.
+        self._answers = rpc.ReplyCache(capacity=4096)
+        self._exec_answers = rpc.ReplyCache(capacity=64)
         self._running: dict[str, asyncio.Future[Any]] = {}
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -86,7 +89,8 @@ class Broker:
         async def guarded(request: Any) -> Any:
             try:
                 check_id("tenant", request.tenant)
-                return await self._once(request.request_id, lambda: handler(request))
+                big = isinstance(request, sb.Execute)
+                return await self._once(request.request_id, lambda: handler(request), big=big)
             except InvalidId as exc:
                 raise rpc.BadRequest(str(exc)) from exc
             except SandboxError as exc:
@@ -97,8 +101,11 @@ class Broker:
             max_bytes=self.settings.max_request_bytes,
         )  # fmt: skip
 
-    async def _once(self, request_id: str, work: Callable[[], Awaitable[R]]) -> R:
-        cached = self._answers.get(request_id)
+    async def _once(
+        self, request_id: str, work: Callable[[], Awaitable[R]], *, big: bool = False
+    ) -> R:
+        answers = self._exec_answers if big else self._answers
+        cached = answers.get(request_id)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
         running = self._running.get(request_id)
@@ -115,7 +122,7 @@ class Broker:
         finally:
             self._running.pop(request_id, None)
         future.set_result(answer)
-        self._answers.put(request_id, answer)
+        answers.put(request_id, answer)
         return answer
 
     async def _append(

@@ -10,12 +10,19 @@ from nats.aio.client import Client
 
 from fleet_events import new_id
 from fleet_events.budget import (
+    AdmitChild,
+    AdmitReply,
+    CloseTree,
+    GetStatus,
     Grant,
     Granted,
     GrantRefused,
     GrantReply,
     OpenReply,
     OpenTree,
+    RecordUsage,
+    TreeStatus,
+    UsageReply,
 )
 from fleet_harness.procs import Launcher, Replica
 from fleet_harness.waits import eventually
@@ -58,6 +65,36 @@ async def test_one_replica_serves_the_bus_and_rejects_malformed_requests_clearly
     )
     kinds = [type(e.envelope.data).__name__ for e in await ledger(store, tree)]
     assert kinds == ["TreeOpened", "Granted", "OpenRefused"]  # nothing malformed was stored
+
+
+async def test_every_verb_is_served_on_the_bus(nc: Client, js: object, launcher: Launcher) -> None:
+    await wait_ready(nc, launcher.start("budget"))
+    tree = await open_tree(nc, 5, max_depth=1)
+
+    usage = RecordUsage(request_id=new_id(), tree=tree, run="root", prompt_tokens=7, cost=0.5)
+    used = await call(nc, "usage", usage, UsageReply)
+    admitted = await call(
+        nc,
+        "admit",
+        AdmitChild(request_id=new_id(), tree=tree, parent_run="root", child_run="c1", depth=1),
+        AdmitReply,
+    )
+    too_deep = await call(
+        nc,
+        "admit",
+        AdmitChild(request_id=new_id(), tree=tree, parent_run="c1", child_run="c2", depth=2),
+        AdmitReply,
+    )
+    closed = await call(nc, "close", CloseTree(request_id=new_id(), tree=tree), TreeStatus)
+    refused = await call(nc, "grant", Grant(request_id=new_id(), tree=tree, run="r"), GrantReply)
+    status = await call(nc, "status", GetStatus(tree=tree), TreeStatus)
+
+    assert (used.tokens_used, used.cost_used) == (7, 0.5)
+    assert admitted.admitted
+    assert (too_deep.admitted, too_deep.reason) == (False, "depth_limit")
+    assert not closed.open
+    assert (refused.granted, refused.reason) == (False, "tree_closed")
+    assert (status.refusals, status.tokens_used, status.remaining) == (2, 7, 5)
 
 
 @pytest.mark.slow

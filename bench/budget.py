@@ -1,7 +1,8 @@
 """Budget benchmark: grant round trip vs a raw NATS echo, and grants/s with 1 vs 3 replicas.
 
-Run: `.venv/bin/python bench/budget.py [--quick]`. Starts its own nats-server (default
-`sync_interval`), bootstraps it, and runs the budget service as real processes.
+Run: `.venv/bin/python bench/budget.py [--quick] [--sync always|2m]`. Starts its own
+nats-server (`sync_interval` as given: `always` is the local default, `2m` the cluster's, see
+docs/architecture.md "Durability"), bootstraps it, and runs the budget service as real processes.
 """
 
 import argparse
@@ -134,17 +135,20 @@ async def throughput(nc: Client, label: str, trees: list[str], total: int, infli
     )
 
 
-async def main(quick: bool, logs: Path | None) -> None:
+async def main(quick: bool, logs: Path | None, sync: str) -> None:
     samples, total, inflight = (200, 2000, 64) if quick else (1000, 6000, 64)
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         root = Path(tmp)
-        server = NatsServer(store_dir=root / "store", log_path=root / "nats.log").start()
+        server = NatsServer(
+            store_dir=root / "store", log_path=root / "nats.log", sync_interval=sync
+        ).start()
         launcher = Launcher(nats_url=server.url, log_dir=logs or root)
         nc = await connect(server.url, name="bench")
         try:
             await bootstrap(nc.jetstream())
             first = launcher.start("budget", count=1)
             await ready(nc, first)
+            print(f"nats-server sync_interval {sync}")
             await round_trip(nc, samples)
             many = [await open_tree(nc) for _ in range(200)]
             for replicas in (1, 3):
@@ -163,7 +167,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples (CI smoke)")
     parser.add_argument("--logs", type=Path, help="keep the replicas' logs in this directory")
+    parser.add_argument("--sync", default="always", help="nats-server sync_interval")
     args = parser.parse_args()
     if args.logs is not None:
         args.logs.mkdir(parents=True, exist_ok=True)
-    asyncio.run(main(args.quick, args.logs))
+    asyncio.run(main(args.quick, args.logs, args.sync))

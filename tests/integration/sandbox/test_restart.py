@@ -23,8 +23,8 @@ from fleet_mesh.store import EventStore
 
 
 class Brokers:
-    def __init__(self, url: str, root: Path) -> None:
-        self.url, self.root = url, root
+    def __init__(self, url: str, root: Path, volumes: str) -> None:
+        self.url, self.root, self.volumes = url, root, volumes
         self.started: list[Replica] = []
 
     def start(self, replica: str) -> Replica:
@@ -34,7 +34,7 @@ class Brokers:
             env={
                 "PATH": "/usr/local/bin:/usr/bin:/bin", "NATS_URL": self.url,
                 "FLEET_REPLICA": replica, "FLEET_SANDBOX_ROOT": str(self.root / "root"),
-                "FLEET_SANDBOX_VOLUMES": str(self.root / "volumes"),
+                "FLEET_SANDBOX_VOLUMES": self.volumes,
                 "FLEET_SANDBOX_UID_BASE": "340000", "FLEET_SANDBOX_POOL_SIZE": "0",
                 "PYTHONUNBUFFERED": "1",
             },
@@ -47,8 +47,9 @@ class Brokers:
 @pytest.fixture
 def brokers(nats_server: NatsServer, tmp_path: Path, broker: Replica) -> Iterator[Brokers]:
     # `broker` (the module's) has bootstrapped the streams; these brokers get their own
-    # replica names, so the module broker never answers for their sandboxes
-    made = Brokers(nats_server.url, tmp_path)
+    # replica names and roots, and share its volumes root as replicas share durable storage
+    # (any replica may answer `resume` and build the replacement)
+    made = Brokers(nats_server.url, tmp_path, broker.env["FLEET_SANDBOX_VOLUMES"])
     yield made
     for process in made.started:
         process.kill()

@@ -29,7 +29,7 @@ import socket
 import stat
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,7 @@ class _Exec:
     watch: Stopwatch
     relay: ToolRelay
     context: str
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    timer: asyncio.TimerHandle | None = None
 
 
 class LocalSandbox:
@@ -283,8 +283,8 @@ class LocalSandbox:
                 pending = self._execs.pop(frame.exec, None)
                 if pending is None:
                     raise ProtocolViolation(f"answer for unknown execution {frame.exec!r}")
-                pending.future.set_result(frame)
-                pending.changed.set()
+                if not pending.future.done():
+                    pending.future.set_result(frame)
         return None
 
     def _limit_text(self, kind: str) -> str:
@@ -299,7 +299,7 @@ class LocalSandbox:
         if pending is None:
             return
         pending.watch.pause()
-        pending.changed.set()
+        self._arm(pending)
         try:
             reply = await pending.relay(
                 ToolCall(
@@ -315,7 +315,7 @@ class LocalSandbox:
             reply = ToolReply(ok=False, error=f"host tool {frame.name!r} failed: {exc}")
         finally:
             pending.watch.resume()
-            pending.changed.set()
+            self._arm(pending)
         with contextlib.suppress(OSError):
             await self._channel.send(
                 {
@@ -381,25 +381,41 @@ class LocalSandbox:
                 "output_fields": output_fields,
             }
         )
-        while not pending.future.done() and self.running:
-            pending.changed.clear()
-            if pending.watch.paused:
-                await pending.changed.wait()
-                continue
-            remaining = pending.watch.remaining()
-            if remaining <= 0:
-                await self.stop(
-                    f"execution exceeded the {wall_s:g} s wall-time limit (time waiting on host "
-                    "tools not counted); the sandbox was stopped and its REPL state is lost",
-                    "wall_time",
-                )
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pending.changed.wait(), remaining)
-        self._execs.pop(exec_id, None)
-        if not pending.future.done():
+        self._arm(pending)
+        try:
+            frame = await pending.future
+        except SandboxStopped:
             return ExecuteReply(kind="terminal", error=self._reason or "sandbox stopped")
-        return _reply(pending.future.result())
+        finally:
+            if pending.timer is not None:
+                pending.timer.cancel()
+            self._execs.pop(exec_id, None)
+        return _reply(frame)
+
+    def _arm(self, pending: _Exec) -> None:
+        """(Re)schedule the wall-time check: none while a host callback is pending."""
+        if pending.timer is not None:
+            pending.timer.cancel()
+            pending.timer = None
+        if pending.watch.paused or pending.future.done():
+            return
+        loop = asyncio.get_running_loop()
+        pending.timer = loop.call_later(max(0.0, pending.watch.remaining()), self._expire, pending)
+
+    def _expire(self, pending: _Exec) -> None:
+        pending.timer = None
+        if pending.future.done() or pending.watch.paused:
+            return
+        if pending.watch.remaining() > 0:
+            self._arm(pending)
+            return
+        reason = (
+            f"execution exceeded the {pending.watch.budget_s:g} s wall-time limit (time waiting "
+            "on host tools not counted); the sandbox was stopped and its REPL state is lost"
+        )
+        task = asyncio.get_running_loop().create_task(self.stop(reason, "wall_time"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- fork --------------------------------------------------------------------------------
 
@@ -477,7 +493,9 @@ class LocalSandbox:
                 waiter.set_exception(SandboxStopped(reason))
                 waiter.exception()
         for pending in self._execs.values():
-            pending.changed.set()
+            if not pending.future.done():
+                pending.future.set_exception(SandboxStopped(reason))
+                pending.future.exception()
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await asyncio.to_thread(self._process.wait, 5)

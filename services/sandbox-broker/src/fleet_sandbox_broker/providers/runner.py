@@ -424,11 +424,7 @@ class Runner:
         return not self.inflight and threading.active_count() == 1
 
     def refresh_checkpoint(self) -> None:
-        for exec_id, thread in list(self.threads.items()):
-            if exec_id not in self.inflight:
-                thread.join(timeout=1)  # it has answered; it is only returning
-                if not thread.is_alive():
-                    del self.threads[exec_id]
+        self.reap_threads()
         if not self.dirty and self.checkpoint is not None:
             return
         if not self.quiet():
@@ -451,6 +447,13 @@ class Runner:
         self.checkpoint = (pid, mine)
         self.checkpoint_ok = True
         self.dirty = False
+
+    def reap_threads(self) -> None:
+        for exec_id, thread in list(self.threads.items()):
+            if exec_id not in self.inflight:
+                thread.join(timeout=1)  # it has answered; it is only returning
+                if not thread.is_alive():
+                    del self.threads[exec_id]
 
     def drop_checkpoint(self) -> None:
         """Retire the old copy (it exits on end of stream) and reap earlier ones, never waiting."""
@@ -563,6 +566,8 @@ class Runner:
                 os.read(self.wake_r, 4096)
                 if not self.inflight and self.auto_checkpoint:
                     self.refresh_checkpoint()  # the cell has answered: this overlaps the reply
+                else:
+                    self.reap_threads()
             if sock_fd in readable:
                 if not self.channel.read():
                     os._exit(0)  # the broker is gone: so is this sandbox

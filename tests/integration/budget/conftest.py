@@ -40,7 +40,7 @@ async def store(js: JetStreamContext) -> EventStore:
 
 @pytest.fixture
 def budget(store: EventStore, nc: Client) -> Budget:
-    return Budget(store, nc, ACTOR, BudgetSettings())
+    return Budget(store, ACTOR, BudgetSettings())
 
 
 def tenant() -> str:

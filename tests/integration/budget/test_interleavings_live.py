@@ -45,7 +45,7 @@ async def run_script(url: str, script: list[tuple[int, str, int]]) -> None:
     try:
         store = await open_store(nc.jetstream(), streams.BUDGET)
         replicas = [
-            Budget(store, nc, Actor(service="budget", replica=f"r{i}"), BudgetSettings())
+            Budget(store, Actor(service="budget", replica=f"r{i}"), BudgetSettings())
             for i in range(3)
         ]
         tree = new_id()

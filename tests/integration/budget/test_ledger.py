@@ -44,7 +44,7 @@ async def test_a_retried_grant_is_answered_from_the_ledger_by_another_replica(
     store: EventStore, nc: Client, budget: Budget
 ) -> None:
     tree = await opened(budget, 2)
-    other = Budget(store, nc, ACTOR, BudgetSettings())
+    other = Budget(store, ACTOR, BudgetSettings())
     request = Grant(request_id=new_id(), tree=tree, run="root", calls=2)
 
     first = await budget.grant(request)
@@ -62,7 +62,7 @@ async def test_two_replicas_racing_on_one_tree_never_over_grant(
     store: EventStore, nc: Client, budget: Budget
 ) -> None:
     tree = await opened(budget, 50)
-    others = [Budget(store, nc, ACTOR, BudgetSettings()) for _ in range(3)]
+    others = [Budget(store, ACTOR, BudgetSettings()) for _ in range(3)]
     requests = [Grant(request_id=new_id(), tree=tree, run="r", calls=1) for _ in range(80)]
 
     replies = await asyncio.gather(*(others[i % 3].grant(r) for i, r in enumerate(requests)))
@@ -126,7 +126,7 @@ async def test_tenant_daily_call_cap_holds_across_trees_and_replicas(
 ) -> None:
     who = tenant()
     settings = BudgetSettings(tenant_caps={who: TenantCapsSetting(calls_per_day=7)})
-    replicas = [Budget(store, nc, ACTOR, settings, today=lambda: "2026-11-30") for _ in range(3)]
+    replicas = [Budget(store, ACTOR, settings, today=lambda: "2026-11-30") for _ in range(3)]
     trees = [await opened(replicas[0], 5, tenant=who) for _ in range(3)]
     requests = [Grant(request_id=new_id(), tree=trees[i % 3], run="r") for i in range(12)]
 
@@ -147,7 +147,7 @@ async def test_tenant_cost_cap_refuses_after_recorded_cost_reaches_it(
 ) -> None:
     who = tenant()
     settings = BudgetSettings(tenant_caps={who: TenantCapsSetting(cost_per_day=1.0)})
-    budget = Budget(store, nc, ACTOR, settings)
+    budget = Budget(store, ACTOR, settings)
     tree = await opened(budget, 10, tenant=who)
     assert (await budget.grant(Grant(request_id=new_id(), tree=tree, run="r"))).granted
     await budget.record_usage(RecordUsage(request_id=new_id(), tree=tree, run="r", cost=1.0))

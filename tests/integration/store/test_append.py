@@ -6,7 +6,7 @@ from collections.abc import Callable
 import pytest
 
 from fleet_events.session import SessionCreated, TurnRequested
-from fleet_mesh.store import EMPTY, AppendConflict, EventStore, Head
+from fleet_mesh.store import EMPTY, AppendConflict, DuplicateElsewhere, EventStore, Head
 
 from .conftest import envelope
 
@@ -113,3 +113,43 @@ async def test_a_retried_batch_after_a_lost_ack_is_a_duplicate(
     assert all(a.duplicate for a in again)
     assert [a.seq for a in again] == [a.seq for a in first]
     assert len([e async for e in store.replay(subject)]) == 3
+
+
+async def test_a_batch_whose_last_event_alone_was_stored_by_another_writer_is_a_conflict(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    batch = [envelope(TurnRequested(message=f"b{i}")) for i in range(3)]
+    # another replica stored only the retried last request
+    await store.append(subject, batch[-1], expect=EMPTY)
+    with pytest.raises(AppendConflict) as caught:
+        await store.append_batch(subject, batch, expect=EMPTY)
+    assert caught.value.actual == (await store.head(subject)).seq
+    assert [e.envelope.id async for e in store.replay(subject)] == [batch[-1].id]
+
+
+async def test_an_event_id_already_used_on_another_subject_is_refused(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    first, second = fresh_subject(), fresh_subject()
+    event = envelope(SessionCreated(title="one id, one place"))
+    await store.append(first, event, expect=EMPTY)
+    with pytest.raises(DuplicateElsewhere, match=f"already stored at sequence .* on {first}"):
+        await store.append(second, event, expect=EMPTY)
+    assert [e async for e in store.replay(second)] == []
+
+
+async def test_tail_reads_what_came_after_a_sequence(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    head = EMPTY
+    seqs = []
+    for i in range(5):
+        head = (
+            await store.append(subject, envelope(TurnRequested(message=str(i))), expect=head)
+        ).head
+        seqs.append(head.seq)
+    tail = [e.envelope.data.message async for e in store.tail(subject, after_seq=seqs[2])]
+    assert tail == ["3", "4"]
+    assert [e async for e in store.tail(subject, after_seq=seqs[-1])] == []

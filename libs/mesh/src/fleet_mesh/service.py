@@ -109,8 +109,9 @@ async def serve_forever(
             details=ctx.ping_details(),
         )
 
-    await ctx.serve(subjects.ping(name), Ping, pong)
     await setup(ctx)
+    # Ping last: a service that answers ping has every subscription of its setup live.
+    await ctx.serve(subjects.ping(name), Ping, pong)
     log.info("started", extra={"server": str(nc.connected_url.netloc if nc.connected_url else "")})
     await stop.wait()
     log.info("stopping")

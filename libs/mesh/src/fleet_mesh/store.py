@@ -50,6 +50,7 @@ WRONG_LAST_SEQUENCE = 10071
 BATCH_DUPLICATE_ID = 10201
 MAX_BATCH = 1000
 READ_BATCH = 1000
+_NO_LIMIT = 2**63 - 1
 
 
 class StoreError(Exception):
@@ -59,10 +60,17 @@ class StoreError(Exception):
 class AppendConflict(StoreError):
     """Someone else appended to the subject first: reload, decide again, retry."""
 
-    def __init__(self, subject: str, expected: int, detail: str) -> None:
+    def __init__(
+        self, subject: str, expected: int, detail: str, *, actual: int | None = None
+    ) -> None:
         super().__init__(f"append to {subject} expected last sequence {expected}: {detail}")
         self.subject = subject
         self.expected = expected
+        self.actual = actual  # the subject's last sequence when the conflict was read back
+
+
+class DuplicateElsewhere(StoreError):
+    """An event id already stored on another subject: ids are unique across a stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,10 +218,11 @@ class EventStore:
                 continue
             except APIError as exc:
                 if exc.err_code == WRONG_LAST_SEQUENCE:
-                    return await self._read_back(subject, [envelope.id], expect, exc)
+                    (appended,) = await self._read_back(subject, [envelope.id], expect, exc)
+                    return appended
                 raise
             if ack.duplicate:
-                return await self._duplicate_at(ack.seq)
+                return await self._duplicate_at(ack.seq, subject, envelope.id)
             return Appended(ack.seq, digest)
         raise StoreError(f"append to {subject}: no acknowledgement after 3 tries")
 
@@ -258,9 +267,7 @@ class EventStore:
         if error:
             if error.get("err_code") in (WRONG_LAST_SEQUENCE, BATCH_DUPLICATE_ID):
                 exc = APIError(err_code=error.get("err_code"), description=error.get("description"))
-                last = await self._read_back(subject, ids, expect, exc)
-                first = last.seq - len(envelopes) + 1
-                return [Appended(first + i, m[2], duplicate=True) for i, m in enumerate(messages)]
+                return await self._read_back(subject, ids, expect, exc)
             raise StoreError(f"batch append to {subject} refused: {error.get('description')}")
         last_seq = int(answer["seq"])
         first = last_seq - len(envelopes) + 1
@@ -268,15 +275,39 @@ class EventStore:
 
     async def _read_back(
         self, subject: str, ids: list[str], expect: Head, exc: APIError
-    ) -> Appended:
-        """The sequence check failed: is the subject's last event ours (a lost ack)?"""
-        last = await self._last_raw(subject)
-        if last is not None and _headers(last).get("Nats-Msg-Id") == ids[-1]:
-            return Appended(last.seq or 0, _headers(last).get(HASH_HEADER, ""), duplicate=True)
-        raise AppendConflict(subject, expect.seq, exc.description or "wrong last sequence")
+    ) -> list[Appended]:
+        """The sequence check failed: are the subject's last events ours (a lost ack)?
 
-    async def _duplicate_at(self, seq: int) -> Appended:
+        Every id is compared, in order and contiguous: a racing writer that stored only one of
+        them (say a retried request) must not make the others look stored.
+        """
+        last = await self._last_raw(subject)
+        last_seq = (last.seq or 0) if last is not None else 0
+        if last is not None and _headers(last).get("Nats-Msg-Id") == ids[-1]:
+            if len(ids) == 1:
+                return [Appended(last_seq, _headers(last).get(HASH_HEADER, ""), duplicate=True)]
+            first = last_seq - len(ids) + 1
+            stored = [
+                raw async for raw in self.read_raw(subject, from_seq=first, up_to_seq=last_seq)
+            ]
+            if [raw.headers.get("Nats-Msg-Id") for raw in stored] == ids and [
+                raw.seq for raw in stored
+            ] == list(range(first, last_seq + 1)):
+                return [
+                    Appended(raw.seq, raw.headers.get(HASH_HEADER, ""), duplicate=True)
+                    for raw in stored
+                ]
+        raise AppendConflict(
+            subject, expect.seq, exc.description or "wrong last sequence", actual=last_seq
+        )
+
+    async def _duplicate_at(self, seq: int, subject: str, event_id: str) -> Appended:
         msg = await self._js.get_msg(self._stream, seq, direct=True)
+        if msg.subject != subject:
+            raise DuplicateElsewhere(
+                f"event id {event_id} is already stored at sequence {seq} on {msg.subject}, "
+                f"not on {subject}: event ids must be unique across the {self._stream} stream"
+            )
         return Appended(seq, _headers(msg).get(HASH_HEADER, ""), duplicate=True)
 
     # -- reading -----------------------------------------------------------------------------
@@ -311,6 +342,12 @@ class EventStore:
             hash=headers.get(HASH_HEADER, ""),
             prev_hash=headers.get(PREV_HEADER, ""),
         )
+
+    async def tail(self, subject: str, *, after_seq: int) -> AsyncIterator[StoredEvent]:
+        """Everything after `after_seq`, with no head lookup first: a short tail (a writer
+        catching up after a lost race) costs exactly one round trip."""
+        async for raw in self.read_raw(subject, from_seq=after_seq + 1, up_to_seq=_NO_LIMIT):
+            yield await self._stored(raw.subject, raw.seq, raw.headers, raw.data)
 
     async def read_raw(
         self, filter_subject: str, *, from_seq: int = 1, up_to_seq: int | None = None

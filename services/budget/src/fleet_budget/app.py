@@ -15,7 +15,7 @@ async def setup(ctx: service.ServiceContext, settings: BudgetSettings | None = N
     # Lost races are routine under load and answered by catching up; a log line each is noise.
     stamina.instrumentation.set_on_retry_hooks([])
     store = await open_store(ctx.js, streams.BUDGET)
-    budget = Budget(store, ctx.nc, ctx.actor, settings)
+    budget = Budget(store, ctx.actor, settings)
     await subscribe(ctx, budget, concurrency=settings.concurrency)
     # Set last: a pong carrying `concurrency` tells callers this replica's subscriptions are live.
     ctx.ping_details = lambda: {"concurrency": settings.concurrency}

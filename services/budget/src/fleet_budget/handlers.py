@@ -11,8 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nats.aio.client import Client
-
 from fleet_budget.config import BudgetSettings
 from fleet_budget.domain import (
     Command,
@@ -78,7 +76,6 @@ class Budget:
     def __init__(
         self,
         store: EventStore,
-        nc: Client,
         actor: Actor,
         settings: BudgetSettings,
         *,
@@ -93,11 +90,11 @@ class Budget:
             "deadline_s": settings.conflict_deadline_s,
         }
         self.trees: Ledgers[TreeState] = Ledgers(
-            store, nc, initial=TreeState, evolve=evolve, clone=_clone_tree, stale=(UnknownTree,),
+            store, initial=TreeState, evolve=evolve, clone=_clone_tree, stale=(UnknownTree,),
             **common,
         )  # fmt: skip
         self.tenants: Ledgers[TenantDayState] = Ledgers(
-            store, nc, initial=TenantDayState, evolve=evolve_tenant, clone=_clone_day, **common
+            store, initial=TenantDayState, evolve=evolve_tenant, clone=_clone_day, **common
         )
 
     # --- use cases -------------------------------------------------------------------------

@@ -17,25 +17,27 @@ catch-up for the whole batch instead of one per request.
 """
 
 import asyncio
-import json
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import stamina
-from nats.aio.client import Client
 
 from fleet_budget.domain import Decision
 from fleet_budget.errors import Contended, Malformed
-from fleet_events import Actor, Envelope, Event, streams, utc_now
-from fleet_events.chain import HASH_HEADER, PREV_HEADER
-from fleet_events.codec import Codec
-from fleet_mesh.store import EMPTY, AppendConflict, EventStore, Head, StoredEvent
+from fleet_events import Actor, Envelope, Event, utc_now
+from fleet_mesh.store import (
+    EMPTY,
+    AppendConflict,
+    DuplicateElsewhere,
+    EventStore,
+    Head,
+    StoredEvent,
+)
 
 S = TypeVar("S", bound="Indexed")
 
-TAIL_BATCH = 256
 MAX_BATCH = 256
 
 Decide = Callable[[S], Decision]
@@ -81,7 +83,6 @@ class Ledgers(Generic[S]):
     def __init__(
         self,
         store: EventStore,
-        nc: Client,
         *,
         initial: Callable[[], S],
         evolve: Callable[[S, str, Event], S],
@@ -92,10 +93,6 @@ class Ledgers(Generic[S]):
         deadline_s: float,
     ) -> None:
         self._store = store
-        self._nc = nc
-        self._direct_get = f"$JS.API.DIRECT.GET.{streams.BUDGET.name}"
-        self._timeout = 5.0
-        self._codec = Codec()  # budget events are small and never offloaded: no blob store
         self._initial = initial
         self._evolve = evolve
         self._clone = clone
@@ -141,38 +138,15 @@ class Ledgers(Generic[S]):
     async def _catch_up(self, subject: str, cached: Cached[S]) -> bool:
         """Fold in whatever other replicas appended since this replica's head.
 
-        One batched direct get (server >= 2.11) per `TAIL_BATCH` events: a lost race costs one
-        round trip however many events the winner appended, and no consumer is created (a
+        `EventStore.tail` reads with batched direct gets and no head lookup: a lost race costs
+        one round trip however many events the winner appended, and no consumer is created (a
         consumer per catch-up is slow under contention and can hit the server's consumer
         limit). Returns whether anything was folded in.
         """
         before = cached.head
-        while True:
-            pending = await self._tail(subject, cached)
-            if not pending:
-                return cached.head != before
-
-    async def _tail(self, subject: str, cached: Cached[S]) -> int:
-        """Fold up to `TAIL_BATCH` events after the cached head; returns how many remain."""
-        inbox = self._nc.new_inbox()
-        sub = await self._nc.subscribe(inbox)
-        request = {"seq": cached.head.seq + 1, "next_by_subj": subject, "batch": TAIL_BATCH}
-        try:
-            await self._nc.publish(self._direct_get, json.dumps(request).encode(), inbox)
-            while True:
-                msg = await sub.next_msg(timeout=self._timeout)
-                headers = msg.headers or {}
-                status = headers.get("Status")
-                if status == "404":
-                    return 0
-                if status is not None:  # 204 end of batch
-                    return int(headers.get("Nats-Num-Pending", "0"))
-                envelope = self._codec.decode_stored(msg.data)
-                seq = int(headers["Nats-Sequence"])
-                hashes = (headers.get(HASH_HEADER, ""), headers.get(PREV_HEADER, ""))
-                self._apply(cached, StoredEvent(subject, seq, envelope, *hashes))
-        finally:
-            await sub.unsubscribe()
+        async for stored in self._store.tail(subject, after_seq=cached.head.seq):
+            self._apply(cached, stored)
+        return cached.head != before
 
     def _apply(self, cached: Cached[S], stored: StoredEvent) -> None:
         cached.state = self._evolve(cached.state, stored.envelope.id, stored.envelope.data)
@@ -284,13 +258,13 @@ class Ledgers(Generic[S]):
             except AppendConflict:
                 await self._catch_up(subject, cached)
                 raise
+            except DuplicateElsewhere:  # a single event whose id another ledger already has
+                self._reject_foreign(subject, cached, envelopes, answers)
+                raise _Retry from None
             if any(s.duplicate for s in stored):
-                # Ours after a lost ack, or (for a batch) only its last event: the store's
-                # read-back matches the last id, and a racing replica may have stored that one
-                # request alone. Either way decide again from the ledger as it is.
+                # Ours, stored before a lost ack (the store checked every id of the batch):
+                # decide again from the ledger as it is, which now answers from its index.
                 await self._catch_up(subject, cached)
-                if len(envelopes) == 1:
-                    self._reject_foreign(subject, cached, envelopes, answers)
                 raise _Retry
             if len(pending) == 1:
                 scratch = self._evolve(scratch, envelopes[0].id, envelopes[0].data)

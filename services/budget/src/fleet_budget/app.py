@@ -17,7 +17,7 @@ async def setup(ctx: service.ServiceContext, settings: BudgetSettings | None = N
     store = await open_store(ctx.js, streams.BUDGET)
     budget = Budget(store, ctx.actor, settings)
     await subscribe(ctx, budget, concurrency=settings.concurrency)
-    # Set last: a pong carrying `concurrency` tells callers this replica's subscriptions are live.
+    # Ping is served only after setup, so any pong means these subscriptions are live.
     ctx.ping_details = lambda: {"concurrency": settings.concurrency}
 
 

@@ -2,11 +2,14 @@
 a session whose sandbox is held by no broker gets a replacement (`sandbox.replaced`)."""
 
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dspy.primitives.code_interpreter import CodeInterpreterError
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
@@ -154,3 +157,28 @@ def test_a_session_whose_sandbox_vanished_gets_a_replacement_on_the_same_volume(
     )
     assert again.sandbox == new.sandbox  # a live sandbox is simply returned
     bus.delete_sandbox(new.sandbox)
+
+
+@pytest.mark.slow
+def test_an_interpreter_notices_its_broker_dying_mid_cell(
+    brokers: Brokers, bus: SandboxBus
+) -> None:
+    first = brokers.start("sbx-dies")
+    wait_replica(bus, "sbx-dies")
+    info = create_on(bus, "sbx-dies")
+    repl = RemoteInterpreter(bus, info.sandbox, liveness_s=0.5)
+    released = threading.Event()
+
+    def kill_the_broker() -> int:
+        first.kill()  # the cell is now waiting on this tool: its wall clock is paused
+        released.wait(10)
+        return 1
+
+    repl.tools["kill_the_broker"] = kill_the_broker
+    started = time.monotonic()
+    with pytest.raises(CodeInterpreterError, match="went away during the cell"):
+        repl.execute("kill_the_broker()")
+    assert time.monotonic() - started < 8
+    released.set()
+    with pytest.raises(CodeInterpreterError):
+        repl.execute("1")

@@ -15,6 +15,7 @@ The contract, as dspy's own `LocalInterpreter` keeps it:
   fix, a bare `CodeInterpreterError` (terminal) when the sandbox stopped or the bus failed.
 """
 
+import concurrent.futures
 import contextlib
 import contextvars
 import hashlib
@@ -78,6 +79,7 @@ class RemoteInterpreter:
         wall_s: float | None = None,
         callback_timeout_s: float = 600.0,
         request_timeout_s: float = 3600.0,
+        liveness_s: float = 10.0,
     ) -> None:
         self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
         self.output_fields = output_fields
@@ -88,6 +90,7 @@ class RemoteInterpreter:
         self.wall_s = wall_s
         self.callback_timeout_s = callback_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.liveness_s = liveness_s
         self._state_lock = threading.Lock()
         self._exec_lock = threading.Lock()
         self._started = False
@@ -234,17 +237,41 @@ class RemoteInterpreter:
             callback_timeout_s=self.callback_timeout_s,
         )
         try:
-            return self.bus.call(
-                sb.sandbox_rpc(self.sandbox, "exec"),
-                request,
-                sb.ExecuteReply,
-                timeout=self.request_timeout_s,
-            )
+            return self._await_cell(request)
+        except CodeInterpreterError:
+            self._terminal()
+            raise
         except Exception as exc:
             self._terminal()
             raise CodeInterpreterError(
                 f"sandbox {self.sandbox} failed to run the cell: {_describe(exc)}"
             ) from exc
+
+    def _await_cell(self, request: sb.Execute) -> sb.ExecuteReply:
+        """Wait for the cell, checking every `liveness_s` that a broker still holds the
+        sandbox: a cell can legitimately run for long (host tools excluded from its wall
+        limit), but a dead broker replica must not leave this thread waiting for an hour."""
+        call = rpc.call(
+            self.bus.nc, sb.sandbox_rpc(self.sandbox, "exec"), request, sb.ExecuteReply,
+            timeout=self.request_timeout_s,
+        )  # fmt: skip
+        pending = self.bus.submit(call)
+        while True:
+            try:
+                return pending.result(self.liveness_s)
+            except concurrent.futures.TimeoutError:
+                probe = sb.GetSandbox(
+                    request_id=new_id(), tenant=self.bus.tenant, sandbox=self.sandbox
+                )
+                try:
+                    self.bus.call(
+                        sb.sandbox_rpc(self.sandbox, "info"), probe, sb.SandboxInfo, timeout=5
+                    )
+                except (NoRespondersError, TimeoutError, NatsTimeout) as exc:
+                    pending.cancel()
+                    raise CodeInterpreterError(
+                        f"sandbox {self.sandbox} went away during the cell: {_describe(exc)}"
+                    ) from exc
 
     def _outcome(self, reply: sb.ExecuteReply) -> Any:
         match reply.kind:

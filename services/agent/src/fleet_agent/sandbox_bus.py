@@ -8,6 +8,7 @@ in a thread of its own, never on the loop (a tool may itself call the bus).
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -73,14 +74,19 @@ class SandboxBus:
     # -- calls -------------------------------------------------------------------------------
 
     def run(self, work: Coroutine[Any, Any, T], *, timeout: float, allow_closed: bool = False) -> T:
+        return self.submit(work, allow_closed=allow_closed).result(timeout)
+
+    def submit(
+        self, work: Coroutine[Any, Any, T], *, allow_closed: bool = False
+    ) -> "concurrent.futures.Future[T]":
+        """Start `work` on the bus loop; the caller waits on the future as it sees fit."""
         if self._closed and not allow_closed:
             work.close()
             raise BusClosed("the sandbox bus is closed")
         if threading.current_thread() is self._thread:
             work.close()
             raise RuntimeError("SandboxBus.run called on its own loop: that would deadlock")
-        future = asyncio.run_coroutine_threadsafe(work, self._loop)
-        return future.result(timeout)
+        return asyncio.run_coroutine_threadsafe(work, self._loop)
 
     @property
     def nc(self) -> Client:

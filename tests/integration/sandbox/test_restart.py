@@ -182,3 +182,25 @@ def test_an_interpreter_notices_its_broker_dying_mid_cell(
     released.set()
     with pytest.raises(CodeInterpreterError):
         repl.execute("1")
+
+
+@pytest.mark.slow
+def test_requests_reach_the_replica_holding_the_sandbox(brokers: Brokers, bus: SandboxBus) -> None:
+    brokers.start("rep-a")
+    brokers.start("rep-b")
+    wait_replica(bus, "rep-a")
+    wait_replica(bus, "rep-b")
+    on_a, on_b = create_on(bus, "rep-a"), create_on(bus, "rep-b")
+    for info, replica in ((on_a, "rep-a"), (on_b, "rep-b")):
+        repl = RemoteInterpreter(bus, info.sandbox)
+        assert repl.execute("import os\nos.getuid()") == bus.sandbox_info(info.sandbox).uid
+        child = bus.fork_sandbox(info.sandbox)
+        assert child.replica == replica  # a fork lives with its parent's processes
+        assert bus.sandbox_info(child.sandbox).replica == replica
+        repl.shutdown()
+        bus.delete_sandbox(info.sandbox)  # takes the child with it
+    listed = bus.call(
+        sb.broker_rpc("list"), sb.ListSandboxes(request_id=new_id(), tenant=bus.tenant),
+        sb.SandboxList, timeout=10,
+    )  # fmt: skip
+    assert listed.items == []

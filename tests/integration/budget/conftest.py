@@ -1,7 +1,5 @@
 """Budget tests: an in-process `Budget` on the real store, and a bus client with the retry rule."""
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -59,22 +57,17 @@ async def call(
     on_retry: Callable[[str], object] = lambda _: None,
 ) -> Rep:
     """The client rule of docs/budget.md: resend the same request until a final answer."""
-    subject = subjects.rpc("budget", verb)
-    give_up = time.monotonic() + deadline
-    pause = 0.05
-    while True:
-        try:
-            return await rpc.call(nc, subject, request, reply_type, timeout=attempt_timeout)
-        except rpc.RemoteError as exc:
-            if exc.code not in RETRYABLE_CODES:
-                raise
-        except (NatsTimeout, NoRespondersError):
-            pass
-        if time.monotonic() >= give_up:
-            raise TimeoutError(f"budget {verb} got no final answer within {deadline}s")
-        on_retry(getattr(request, "request_id", ""))
-        await asyncio.sleep(pause)  # a client's backoff between attempts, not a test wait
-        pause = min(pause * 2, 1.0)
+    request_id = getattr(request, "request_id", "")
+    return await rpc.call_retrying(
+        nc,
+        subjects.rpc("budget", verb),
+        request,
+        reply_type,
+        attempt_timeout=attempt_timeout,
+        deadline=deadline,
+        retry_codes=RETRYABLE_CODES,
+        on_retry=lambda _attempt: on_retry(request_id),
+    )
 
 
 async def open_tree(nc: Client, max_llm_calls: int, **limits: Any) -> str:

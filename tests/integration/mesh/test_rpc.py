@@ -89,3 +89,49 @@ async def test_a_slow_request_does_not_hold_up_the_others(nc: Client) -> None:
     assert await slow == Sum(total=1)
     await served.stop()
     assert served.in_flight == 0
+
+
+async def test_a_retried_call_resends_the_same_request_until_a_final_answer(nc: Client) -> None:
+    subject = f"fleet.rpc.quality.{new_id()}"
+    answers: dict[str, Sum] = {}
+    attempts: list[str] = []
+
+    async def flaky(request: Add) -> Sum:
+        attempts.append(request.request_id)
+        if len(attempts) < 3:
+            raise rpc.RpcError("unavailable", "busy: retry the same request")
+        return answers.setdefault(request.request_id, Sum(total=request.a + request.b))
+
+    await rpc.serve(nc, subject, Add, flaky)
+    retries: list[int] = []
+    reply = await rpc.call_retrying(
+        nc,
+        subject,
+        Add(request_id="r1", a=1, b=2),
+        Sum,
+        attempt_timeout=1,
+        deadline=10,
+        on_retry=retries.append,
+    )
+    assert reply == Sum(total=3)
+    assert attempts == ["r1", "r1", "r1"]
+    assert retries == [2, 3]
+
+    async def refuse(request: Add) -> Sum:
+        raise rpc.BadRequest("a is wrong")
+
+    other = f"fleet.rpc.quality.{new_id()}"
+    await rpc.serve(nc, other, Add, refuse)
+    with pytest.raises(rpc.RemoteError, match="a is wrong"):  # final: not retried
+        await rpc.call_retrying(
+            nc, other, Add(request_id="r2", a=1, b=2), Sum, attempt_timeout=1, deadline=10
+        )
+    with pytest.raises(rpc.NoFinalAnswer, match=r"no final answer within 0\.5s"):
+        await rpc.call_retrying(
+            nc,
+            f"fleet.rpc.quality.{new_id()}",
+            Add(request_id="r3", a=1, b=2),
+            Sum,
+            attempt_timeout=0.1,
+            deadline=0.5,
+        )

@@ -11,9 +11,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
+import stamina
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
@@ -144,6 +147,54 @@ async def call(
     if msg.headers and ERROR_HEADER in msg.headers:
         raise RemoteError(subject, msg.headers[ERROR_HEADER], msg.data.decode(errors="replace"))
     return msgspec.json.decode(msg.data, type=reply_type)
+
+
+class NoFinalAnswer(TimeoutError):
+    """A retried request got no final answer before its overall deadline."""
+
+
+class _Resend(Exception):
+    pass
+
+
+async def call_retrying(
+    nc: Client,
+    subject: str,
+    request: Any,
+    reply_type: type[Rep],
+    *,
+    attempt_timeout: float,
+    deadline: float,
+    retry_codes: frozenset[str] = frozenset({"internal", "unavailable"}),
+    on_retry: Callable[[int], object] | None = None,
+) -> Rep:
+    """Resend the *same* request (same `request_id`) until a final answer or `deadline`.
+
+    Silence, "no responders" and the `retry_codes` are worth another attempt (with backoff
+    from 50 ms to 1 s): the server side answers a retried id with its original answer, so a
+    resend never does the work twice. Any other error is final and raised at once.
+    """
+    last: BaseException | None = None
+    try:
+        async for attempt in stamina.retry_context(
+            on=_Resend, attempts=None, timeout=deadline, wait_initial=0.05, wait_max=1.0
+        ):
+            with attempt:
+                if attempt.num > 1 and on_retry is not None:
+                    on_retry(attempt.num)
+                try:
+                    return await call(nc, subject, request, reply_type, timeout=attempt_timeout)
+                except RemoteError as exc:
+                    if exc.code not in retry_codes:
+                        raise
+                    last = exc
+                    raise _Resend from exc
+                except (NatsTimeoutError, NoRespondersError) as exc:
+                    last = exc
+                    raise _Resend from exc
+    except _Resend:
+        pass
+    raise NoFinalAnswer(f"{subject}: no final answer within {deadline}s (last: {last!r})")
 
 
 class ReplyCache:

@@ -16,7 +16,9 @@ from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import sandbox as sb
 from fleet_events import streams, subjects
 from fleet_events.codec import Codec
-from fleet_events.envelope import new_id
+from fleet_events.envelope import Actor, Envelope, new_id, utc_now
+from fleet_events.run import RunCompleted
+from fleet_events.session import run_subject
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.blobs import JetStreamBlobs
@@ -204,3 +206,34 @@ def test_requests_reach_the_replica_holding_the_sandbox(brokers: Brokers, bus: S
         sb.SandboxList, timeout=10,
     )  # fmt: skip
     assert listed.items == []
+
+
+@pytest.mark.slow
+def test_a_restarted_broker_reaps_sandboxes_of_finished_runs_only(
+    brokers: Brokers, bus: SandboxBus
+) -> None:
+    first = brokers.start("sbx-runs")
+    wait_replica(bus, "sbx-runs")
+    done = create_on(bus, "sbx-runs", labels={"session": "s9", "run": "r-done", "role": "task"})
+    live = create_on(bus, "sbx-runs", labels={"session": "s9", "run": "r-live", "role": "task"})
+
+    async def finish_run() -> None:
+        js = bus.nc.jetstream()
+        store = EventStore(js, streams.SESSIONS, Codec(await JetStreamBlobs.open(js)))
+        envelope: Envelope[Any] = Envelope(
+            id=new_id(), tenant=bus.tenant, actor=Actor(service="agent", replica="test"),
+            ts=utc_now(), data=RunCompleted(answer="42"), session="s9", run="r-done",
+        )  # fmt: skip
+        await store.append(run_subject(bus.tenant, "s9", "r-done"), envelope)
+
+    bus.run(finish_run(), timeout=20)
+    first.kill()
+    brokers.start("sbx-runs")
+    eventually_sync(lambda: isinstance(stream(bus, done.sandbox)[-1], sb.SandboxDeleted),
+                    timeout=30, what="the finished run's sandbox reaped")  # fmt: skip
+    eventually_sync(lambda: isinstance(stream(bus, live.sandbox)[-1], sb.SandboxReplaced),
+                    timeout=30, what="the live run's sandbox revived")  # fmt: skip
+    repl = RemoteInterpreter(bus, live.sandbox)
+    assert repl.execute("6 * 7") == 42
+    repl.shutdown()
+    bus.delete_sandbox(live.sandbox)

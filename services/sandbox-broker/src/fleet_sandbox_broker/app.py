@@ -26,7 +26,8 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
     blobs = await JetStreamBlobs.open(ctx.js)
     store = EventStore(ctx.js, streams.SANDBOXES, Codec(blobs))
     config = await RuntimeConfig.open(ctx.js)
-    broker = Broker(ctx, provider, store, blobs, settings, config)
+    sessions = EventStore(ctx.js, streams.SESSIONS, Codec(blobs))
+    broker = Broker(ctx, provider, store, blobs, settings, config, sessions)
     await broker.start()
     ctx.on_stop.append(broker.close)
     ctx.ping_details = lambda: {"sandboxes": len(broker.held), "warm": broker.pool.ready}

@@ -166,6 +166,9 @@ def evolve(views: dict[str, SandboxView], tenant: str, event: Event) -> dict[str
     return views
 
 
-def to_reap(view: SandboxView) -> bool:
-    """After a broker restart: children never outlive their task; session sandboxes live on."""
-    return view.parent is not None or view.labels.get("role") in ("child", "pool")
+def to_reap(view: SandboxView, run_finished: bool = False) -> bool:
+    """After a broker restart: children never outlive their task, nor does a sandbox whose run
+    the log says is finished; a session's sandbox (role `session`) lives on."""
+    if view.labels.get("role") == "session" and view.parent is None:
+        return False
+    return view.parent is not None or view.labels.get("role") == "child" or run_finished

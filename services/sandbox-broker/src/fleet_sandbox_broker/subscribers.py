@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from fleet_events import run as run_events
 from fleet_events import sandbox as sb
+from fleet_events import session as session_events
 from fleet_events import subjects
 from fleet_events.codec import BlobStore, sha256_hex
 from fleet_events.envelope import Envelope, Event, new_id, utc_now
@@ -66,6 +68,7 @@ class Broker:
         blobs: BlobStore,
         settings: BrokerSettings,
         config: RuntimeConfig,
+        sessions: EventStore | None = None,
     ) -> None:
         self.ctx = ctx
         self.provider = provider
@@ -74,6 +77,7 @@ class Broker:
         self.settings = settings
         self.config = config
         self.volumes = Volumes(settings.volumes)
+        self.sessions: EventStore | None = sessions
         self.pool = WarmPool(provider, settings.pool_size, settings.default_limits())
         self.held: dict[str, Held] = {}
         self._heads: dict[str, Head] = {}
@@ -526,7 +530,7 @@ class Broker:
         mine = [v for v in views.values() if v.replica == self.ctx.replica
                 and v.status != "deleted"]  # fmt: skip
         for view in sorted(mine, key=lambda v: v.parent is None):
-            if domain.to_reap(view):
+            if domain.to_reap(view, await self._run_finished(view)):
                 await self.provider.remove_dir(self.provider.settings.root / view.sandbox)
                 await self._append(view.tenant, view.sandbox, sb.SandboxDeleted(
                     sandbox=view.sandbox, reason="reaped: its broker restarted, and a child "
@@ -539,6 +543,20 @@ class Broker:
                 self.ctx.log.exception(
                     "could not revive a sandbox", extra={"sandbox": view.sandbox}
                 )
+
+    async def _run_finished(self, view: domain.SandboxView) -> bool:
+        """Whether the run named in the sandbox's labels has ended, by its run subject."""
+        session, run = view.labels.get("session"), view.labels.get("run")
+        if not session or not run or self.sessions is None:
+            return False
+        try:
+            last = await self.sessions.last(session_events.run_subject(view.tenant, session, run))
+        except Exception:  # an unreadable or foreign run: keep the sandbox, never guess
+            self.ctx.log.exception("cannot read a run", extra={"run": run})
+            return False
+        return last is not None and isinstance(
+            last.envelope.data, run_events.RunCompleted | run_events.RunFailed
+        )
 
     async def _revive(self, view: domain.SandboxView) -> None:
         mounts: dict[str, Path] = {}

@@ -102,8 +102,31 @@ for pid in ['1', 'self', '{broker.pid}'] + [p for p in os.listdir('/proc') if p.
     assert found == []
     assert init_errno == 13
     assert broker_errno == 13
-    with pytest.raises(CodeExecutionError, match="PermissionError"):
+    with pytest.raises(CodeExecutionError, match=r"FileNotFoundError|PermissionError"):
         box.run("open('/root/.bashrc').read()")
+
+
+def test_host_directories_holding_projects_state_and_sockets_are_hidden(make: type[Box]) -> None:
+    box = make()
+    code = """
+import os
+seen = {}
+for d in ['/work', '/home', '/root', '/var/lib', '/var/log', '/run', '/opt', '/tmp']:
+    try:
+        seen[d] = os.listdir(d)
+    except OSError as e:
+        seen[d] = type(e).__name__
+(seen, os.path.exists('/work/main/pyproject.toml'), os.path.exists('/usr/bin/python3'))
+"""
+    seen, project_visible, python_visible = box.run(code)  # type: ignore[misc]
+    assert project_visible is False
+    assert python_visible is True
+    assert {d: v for d, v in seen.items() if d not in ("/tmp", "/run")} == {
+        "/work": [], "/home": [], "/root": [], "/var/lib": [], "/var/log": [], "/opt": [],
+    }  # fmt: skip
+    assert seen["/run"] in ([], ["mount"])  # mount(8)'s own table of the sandbox's mounts
+    # /tmp holds only the path back to the sandbox root (tests keep it under /tmp)
+    assert len(seen["/tmp"]) <= 1
 
 
 def test_cannot_write_outside_its_workspace(

@@ -21,6 +21,7 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
             uid_count=settings.uid_count,
             max_frame=settings.max_frame_bytes,
             output_cap=settings.output_cap_chars,
+            hide=settings.hide,
         )
     )
     blobs = await JetStreamBlobs.open(ctx.js)

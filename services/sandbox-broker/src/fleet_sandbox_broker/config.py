@@ -10,12 +10,14 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet_events.sandbox import Limits
+from fleet_sandbox_broker.providers.local import HIDE
 
 
 class BrokerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLEET_SANDBOX_", frozen=True, extra="ignore")
 
     root: Path = Path("/var/lib/fleet-rlm/sandboxes")
+    hide: tuple[str, ...] = HIDE  # FLEET_SANDBOX_HIDE='["/home", "/work"]' (JSON list)
     python: str = "/usr/bin/python3"
     uid_base: int = Field(default=310000, ge=1000)
     uid_count: int = Field(default=4096, ge=1)

@@ -28,7 +28,7 @@ from fleet_events.ids import InvalidId, check_id
 from fleet_mesh import rpc
 from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.service import ServiceContext
-from fleet_mesh.store import EventStore, Head
+from fleet_mesh.store import AppendConflict, EventStore, Head
 from fleet_sandbox_broker import domain, snapshot
 from fleet_sandbox_broker.config import BrokerSettings
 from fleet_sandbox_broker.errors import (
@@ -81,6 +81,7 @@ class Broker:
         self.pool = WarmPool(provider, settings.pool_size, settings.default_limits())
         self.held: dict[str, Held] = {}
         self._heads: dict[str, Head] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
         # Answers kept for retries. Execution replies can be megabytes (output, values), so
         # they get a small cache of their own: a retry is expected within seconds, not hours.
         self._answers = rpc.ReplyCache(capacity=4096)
@@ -137,8 +138,16 @@ class Broker:
             id=new_id(), tenant=tenant, actor=self.ctx.actor, ts=utc_now(), data=event,
             session=labels.get("session"), run=labels.get("run"),
         )  # fmt: skip
-        appended = await self.store.append(subject, envelope, expect=self._heads.get(subject))
-        self._heads[subject] = appended.head
+        # One writer per sandbox subject (this replica), appends serialised per subject; a
+        # stale cached head (say, after a restart) is re-read once.
+        async with self._locks.setdefault(subject, asyncio.Lock()):
+            try:
+                appended = await self.store.append(
+                    subject, envelope, expect=self._heads.get(subject)
+                )
+            except AppendConflict:
+                appended = await self.store.append(subject, envelope)
+            self._heads[subject] = appended.head
 
     def _get(self, tenant: str, sandbox: str) -> Held:
         held = self.held.get(sandbox)

@@ -53,23 +53,34 @@ log = logging.getLogger("fleet.sandbox.local")
 RUNNER = Path(__file__).with_name("runner.py")
 
 SETUP_SH = """set -e
-R="$1"; shift
+R="$1"; HIDE="$2"; shift 2
 while [ "$1" != "--" ]; do
   mount --no-canonicalize --bind "$1" "$2"
   shift 2
 done
 shift
 exec 8<"$R"
-mount -t tmpfs -o size=64k,mode=755 tmpfs /tmp
+HIDDEN=""
+for d in /tmp $HIDE; do
+  if [ -d "$d" ] && [ ! -L "$d" ]; then
+    mount -t tmpfs -o size=64k,mode=755 tmpfs "$d"
+    HIDDEN="$HIDDEN $d"
+  fi
+done
 for d in /var/tmp /dev/shm /run/lock; do
   if [ -d "$d" ]; then mount -t tmpfs -o ro,size=4k,mode=755 tmpfs "$d"; fi
 done
 mkdir -p "$R"
 mount --no-canonicalize --rbind /proc/self/fd/8 "$R"
 exec 8<&-
-mount -o remount,ro,size=64k /tmp
+for d in $HIDDEN; do mount -o remount,ro,size=64k "$d"; done
 exec "$@"
 """
+
+HIDE = (
+    "/home", "/root", "/srv", "/mnt", "/media", "/opt", "/run", "/work",
+    "/var/lib", "/var/log", "/var/spool", "/var/mail", "/var/backups", "/var/cache",
+)  # fmt: skip
 
 CAPABILITIES = Capabilities(
     fork=True,
@@ -89,6 +100,9 @@ class LocalSettings:
     max_frame: int = 4 * 1024 * 1024
     output_cap: int = 1024 * 1024
     start_timeout_s: float = 15.0
+    # host directories replaced by an empty read-only tmpfs inside every sandbox (world-readable
+    # is not the same as public: project checkouts, service state, sockets under /run)
+    hide: tuple[str, ...] = HIDE
 
 
 class UidPool:
@@ -688,7 +702,7 @@ class LocalProvider:
             mine, theirs = socket.socketpair()
             argv = [
                 "unshare", "--net", "--mount", "--", "/bin/sh", str(self._setup),
-                str(self.settings.root), *binds, "--",
+                str(self.settings.root), " ".join(self.settings.hide), *binds, "--",
                 "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
                 self.settings.python, "-I", str(directory / "runner.py"),

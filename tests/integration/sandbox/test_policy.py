@@ -154,10 +154,16 @@ def _unforkable_parent(bus: SandboxBus) -> tuple[sb.SandboxInfo, RemoteInterpret
     return parent, repl
 
 
+def warm(bus: SandboxBus) -> int:
+    return int(bus.call("fleet.rpc.sandbox-broker.ping", Ping(), Pong, timeout=5).details["warm"])
+
+
 def test_a_failed_fork_falls_back_to_a_clean_child(tenant_bus: SandboxBus) -> None:
     parent, repl = _unforkable_parent(tenant_bus)
+    eventually_sync(lambda: warm(tenant_bus) == 2, timeout=30, what="a full warm pool")
     child = build_child(tenant_bus, parent.sandbox, repl.context)
     assert child.branch == "clean_fallback"
+    assert warm(tenant_bus) < 2  # the clean child came from the warm pool
     child_repl = RemoteInterpreter(tenant_bus, child.sandbox, context=child.context)
     assert child_repl.execute("'stop' in globals()") is False
     child_repl.shutdown()
@@ -288,13 +294,9 @@ def test_volume_browsing_is_capped_and_refuses_traversal(tenant_bus: SandboxBus)
 
 
 def test_the_warm_pool_refills_after_being_drained(tenant_bus: SandboxBus) -> None:
-    def warm() -> int:
-        pong = tenant_bus.call("fleet.rpc.sandbox-broker.ping", Ping(), Pong, timeout=5)
-        return int(pong.details["warm"])
-
-    eventually_sync(lambda: warm() == 2, timeout=30, what="a full warm pool")
+    eventually_sync(lambda: warm(tenant_bus) == 2, timeout=30, what="a full warm pool")
     made = [create(tenant_bus) for _ in range(3)]
-    assert warm() < 2
-    eventually_sync(lambda: warm() == 2, timeout=30, what="the warm pool to refill")
+    assert warm(tenant_bus) < 2
+    eventually_sync(lambda: warm(tenant_bus) == 2, timeout=30, what="the warm pool to refill")
     for info in made:
         tenant_bus.delete_sandbox(info.sandbox)

@@ -359,8 +359,10 @@ class Broker:
             volume_subpath=child_subpath(spec.volume_subpath, child_id) if spec.volume else None,
             repo_url=spec.repo_url, ref=spec.ref, context_paths=tuple(paths),
         )  # fmt: skip
+        # default limits and nothing special: the warm pool can serve the child
+        limits = None if parent.box.limits == self.settings.default_limits() else parent.box.limits
         held = await self._start(
-            parent.tenant, labels, parent.box.limits, child_spec, files=files,
+            parent.tenant, labels, limits, child_spec, files=files,
             sandbox=child_id if spec.volume else None, parent=parent.box.id,
         )  # fmt: skip
         parent.children.add(held.box.id)

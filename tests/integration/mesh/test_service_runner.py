@@ -1,6 +1,8 @@
 import dataclasses
+from pathlib import Path
 
 import msgspec
+import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -8,7 +10,9 @@ from fleet_events import subjects
 from fleet_harness.procs import Launcher
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
-from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.bootstrap import BootstrapError, bootstrap
+from fleet_mesh.connection import ServerTooOld, connect, require_server_version, server_address
+from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.service import Ping, Pong
 
 
@@ -69,3 +73,34 @@ async def test_a_sigkilled_replica_restarts_under_the_same_name(
 async def _other_than(probe, old: int) -> int | None:  # type: ignore[no-untyped-def]
     pid = await probe()
     return pid if pid not in (None, old) else None
+
+
+async def test_logs_and_errors_name_the_server_without_its_credentials(
+    tmp_path: Path,
+) -> None:
+    server = NatsServer(store_dir=tmp_path / "store", sync_interval="2m")
+    server.config_text = lambda: (  # type: ignore[method-assign]
+        f'listen: "127.0.0.1:{server.port}"\nauthorization {{ user: fleet, password: s3cr3tpw }}\n'
+    )
+    server.start()
+    try:
+        nc = await connect(f"nats://fleet:s3cr3tpw@127.0.0.1:{server.port}")
+        assert server_address(nc) == f"127.0.0.1:{server.port}"
+        with pytest.raises(ServerTooOld) as refused:
+            require_server_version(nc, minimum=(99, 0, 0))
+        assert "s3cr3tpw" not in str(refused.value)
+        assert f"127.0.0.1:{server.port}" in str(refused.value)
+        await nc.close()
+    finally:
+        server.stop()
+
+
+async def test_bootstrap_refuses_a_stream_whose_retention_cannot_be_fixed_in_place(
+    private_nats: NatsServer,
+) -> None:
+    nc = await connect(private_nats.url)
+    js = nc.jetstream()
+    await js.add_stream(name="WORK", subjects=["fleet.work.>"])  # limits, not work-queue
+    with pytest.raises(BootstrapError, match=r"WORK exists with .*limits.* retention"):
+        await bootstrap(js)
+    await nc.close()

@@ -3,10 +3,23 @@
 import asyncio
 from collections.abc import Callable
 
+import msgspec
 import pytest
+from nats.js import JetStreamContext
 
-from fleet_events.session import SessionCreated, TurnRequested
-from fleet_mesh.store import EMPTY, AppendConflict, DuplicateElsewhere, EventStore, Head
+from fleet_events import BlobRef, new_id, streams
+from fleet_events.envelope import Offloaded
+from fleet_events.session import SessionCreated, TurnRequested, log_subject, run_subject
+from fleet_mesh.store import (
+    EMPTY,
+    AppendConflict,
+    DuplicateElsewhere,
+    DuplicateInBatch,
+    EventStore,
+    Head,
+    StoreError,
+    WrongSubject,
+)
 
 from .conftest import envelope
 
@@ -153,3 +166,71 @@ async def test_tail_reads_what_came_after_a_sequence(
     tail = [e.envelope.data.message async for e in store.tail(subject, after_seq=seqs[2])]
     assert tail == ["3", "4"]
     assert [e async for e in store.tail(subject, after_seq=seqs[-1])] == []
+
+
+async def test_a_lost_ack_retry_is_recognised_even_after_another_writer_appended(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    start = (await store.append(subject, envelope(SessionCreated()), expect=EMPTY)).head
+    mine = envelope(TurnRequested(message="mine"))
+    stored = await store.append(subject, mine, expect=start)
+    await store.append(subject, envelope(TurnRequested(message="theirs")), expect=stored.head)
+
+    retried = await store.append(subject, mine, expect=start)  # the ack was lost: same call
+    assert retried.duplicate
+    assert (retried.seq, retried.hash) == (stored.seq, stored.hash)
+
+    batch = [envelope(TurnRequested(message=f"b{i}")) for i in range(3)]
+    head = await store.head(subject)
+    first = await store.append_batch(subject, batch, expect=head)
+    await store.append(subject, envelope(TurnRequested(message="after")), expect=first[-1].head)
+    again = await store.append_batch(subject, batch, expect=head)
+    assert [(a.seq, a.hash, a.duplicate) for a in again] == [(a.seq, a.hash, True) for a in first]
+
+
+async def test_a_batch_reusing_a_stored_id_on_an_unmoved_subject_says_so(
+    store: EventStore, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    old = envelope(TurnRequested(message="old"))
+    head = (await store.append(subject, old, expect=EMPTY)).head
+    with pytest.raises(DuplicateInBatch) as caught:
+        await store.append_batch(
+            subject, [envelope(TurnRequested(message="new")), old], expect=head
+        )
+    assert caught.value.actual == head.seq  # reloading would not help: the subject did not move
+    assert len([e async for e in store.replay(subject)]) == 1
+
+
+async def test_an_event_must_belong_to_the_subject_it_is_appended_to(store: EventStore) -> None:
+    session = new_id()
+    subject = log_subject("acme", session)
+    with pytest.raises(WrongSubject, match=r"names tenant 'other' but .* is 'acme'"):
+        await store.append(subject, envelope(SessionCreated(), tenant="other"), expect=EMPTY)
+    wrong_session = msgspec.structs.replace(envelope(SessionCreated()), session="elsewhere")
+    with pytest.raises(WrongSubject, match="names session 'elsewhere'"):
+        await store.append(subject, wrong_session, expect=EMPTY)
+    wrong_run = msgspec.structs.replace(envelope(SessionCreated()), run="r9")
+    with pytest.raises(WrongSubject, match="names run 'r9'"):
+        await store.append(run_subject("acme", session, "r1"), wrong_run, expect=EMPTY)
+    stub = Offloaded(blob=BlobRef(object="acme/" + "0" * 64, sha256="0" * 64, size=1), of_type="x")
+    with pytest.raises(WrongSubject, match="only the codec writes those"):
+        await store.append(subject, envelope(stub), expect=EMPTY)
+    assert [e async for e in store.replay(subject)] == []
+    assert (
+        await store.append(
+            subject,
+            msgspec.structs.replace(envelope(SessionCreated()), session=session),
+            expect=EMPTY,
+        )
+    ).seq > 0
+
+
+async def test_a_message_written_around_the_store_cannot_be_chained_after(
+    store: EventStore, js: JetStreamContext, fresh_subject: Callable[[], str]
+) -> None:
+    subject = fresh_subject()
+    await js.publish(subject, b"{}", stream=streams.SESSIONS.name)
+    with pytest.raises(StoreError, match="has no Fleet-Hash header"):
+        await store.head(subject)

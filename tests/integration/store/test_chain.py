@@ -8,7 +8,8 @@ from nats.js import JetStreamContext
 
 from fleet_events import Event, new_id, streams
 from fleet_events.codec import Codec
-from fleet_events.session import TurnRequested, log_subject
+from fleet_events.session import TurnRequested, log_subject, run_subject, session_filter
+from fleet_events.streams import StreamSpec
 from fleet_mesh.store import EMPTY, EventStore, verify_export
 
 from .conftest import envelope
@@ -29,29 +30,31 @@ async def test_changing_one_byte_of_a_stored_event_fails_verification_at_that_ev
 ) -> None:
     original = await _log_of(store, 6)
     assert (await store.verify(original)).ok
-    # A stream never rewrites a message in place; an attacker with write access republishes.
-    # Copy the log verbatim (same bytes, same chain headers) to another subject, one byte off.
-    forged = log_subject("acme", new_id())
-    forged_seqs: list[int] = []
-    events = [e async for e in store.replay(original)]
-    for index, event in enumerate(events):
+    # A stream never rewrites a message in place, so the test builds a stream holding what an
+    # attacker with write access to the store would leave: the log's messages, verbatim (same
+    # bytes, ids and chain headers), except one byte of the fourth.
+    forged = StreamSpec(f"FORGED_{new_id()}", (f"forged-{new_id()}.>",))
+    await js.add_stream(name=forged.name, subjects=list(forged.subjects), allow_direct=True)
+    prefix = forged.subjects[0][:-1]
+    copies: list[int] = []
+    for index, event in enumerate([e async for e in store.replay(original)]):
         raw = await js.get_msg(streams.SESSIONS.name, event.seq, direct=True)
         assert raw.data is not None
         data = bytearray(raw.data)
         if index == 3:
             data[data.index(b"m3")] = ord("M")
-        # the copy keeps the chain headers; its message ids are new (dedup would drop them)
-        headers = {k: v for k, v in (raw.headers or {}).items() if k.startswith("Fleet-")}
-        ack = await js.publish(forged, bytes(data), stream=streams.SESSIONS.name, headers=headers)
-        forged_seqs.append(ack.seq)
+        headers = {
+            k: v for k, v in (raw.headers or {}).items() if k.startswith(("Fleet-", "Nats-Msg-Id"))
+        }
+        ack = await js.publish(prefix + original, bytes(data), stream=forged.name, headers=headers)
+        copies.append(ack.seq)
 
-    verdict = await store.verify(forged)
-    assert not verdict.ok
+    verdict = await EventStore(js, forged, Codec()).verify(prefix + ">")
     assert verdict.fault is not None
-    assert verdict.fault.seq == forged_seqs[3]
-    assert verdict.fault.subject == forged
+    assert verdict.fault.seq == copies[3]
     assert "altered payload" in verdict.fault.reason
     assert verdict.checked == 4  # three good events, then the bad one
+    await js.delete_stream(forged.name)
 
 
 async def test_changing_one_byte_of_an_exported_event_fails_verification_at_that_event(
@@ -101,3 +104,43 @@ async def test_adding_a_defaulted_field_leaves_an_old_log_verifiable(js: JetStre
     await new.append(subject, envelope(NoteV2(text="n3", priority=2)), expect=head)
     assert (await new.verify(subject)).checked == 4
     assert msgspec.json.decode(b'{"type":"test.note","text":"x"}', type=NoteV2).priority == 0
+
+
+async def test_an_export_edited_beyond_its_payloads_is_caught(store: EventStore) -> None:
+    session = new_id()
+    log, run = log_subject("acme", session), run_subject("acme", session, "r1")
+    head_log = head_run = EMPTY
+    for i in range(3):
+        ev = envelope(TurnRequested(message=f"l{i}"))
+        head_log = (
+            await store.append(log, msgspec.structs.replace(ev, session=session), expect=head_log)
+        ).head
+        ev = envelope(TurnRequested(message=f"r{i}"))
+        head_run = (
+            await store.append(
+                run, msgspec.structs.replace(ev, session=session, run="r1"), expect=head_run
+            )
+        ).head
+    lines = [json.loads(line) async for line in store.export(session_filter("acme", session))]
+    assert verify_export(json.dumps(r).encode() for r in lines).ok
+
+    def check(rows: list[dict[str, object]]) -> str:
+        fault = verify_export(json.dumps(r).encode() for r in rows).fault
+        assert fault is not None
+        return fault.reason
+
+    renamed = [dict(r) for r in lines]
+    renamed[1]["id"] = new_id()
+    assert "stored under id" in check(renamed)
+    moved = [dict(r) for r in lines]  # a run's events relabelled as another run's
+    for r in moved:
+        if r["subject"] == run:
+            r["subject"] = run_subject("acme", session, "r2")
+    assert "names run 'r1'" in check(moved)
+    other_tenant = [dict(r) for r in lines]
+    for r in other_tenant:
+        r["subject"] = str(r["subject"]).replace(".acme.", ".evil.")
+    assert "names tenant 'acme'" in check(other_tenant)
+    reordered = [lines[1], lines[0], *lines[2:]]
+    assert "out of stream order" in check(reordered)
+    assert "unreadable" in verify_export([b'{"subject": "x"}']).fault.reason  # type: ignore[union-attr]

@@ -5,6 +5,7 @@ import asyncio
 import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nats.js import JetStreamContext
 
 from fleet_events import Actor, Envelope, Event, new_id, streams, utc_now
 from fleet_events.session import (
@@ -180,3 +181,57 @@ async def test_live_subscription_sees_the_backlog_then_new_events(store: EventSt
     await asyncio.wait_for(read(4), 10)
     await live.aclose()
     assert seen == ["0", "1", "2", "new"]
+
+
+async def test_a_wildcard_snapshot_never_stands_for_a_run_named_like_it(store: EventStore) -> None:
+    session = new_id()
+    fold = SummaryFold()
+    await store.append(
+        run_subject("acme", session, "r2"),
+        Envelope(
+            id=new_id(), tenant="acme", actor=ACTOR, ts=utc_now(), data=TurnRequested(message="r2")
+        ),
+        expect=EMPTY,
+    )
+    everything = f"fleet.session.acme.{session}.run.>"
+    await store.save_snapshot(everything, fold, await store.load(everything, fold))
+    only_all = await store.load(run_subject("acme", session, "_all"), fold)
+    assert not only_all.from_snapshot
+    assert only_all.state == Summary()
+
+
+async def test_a_snapshot_the_log_no_longer_reaches_is_ignored(
+    store: EventStore, js: JetStreamContext
+) -> None:
+    subject = log_subject("acme", new_id())
+    fold = SummaryFold()
+    head = EMPTY
+    for i in range(3):
+        env = Envelope(
+            id=new_id(),
+            tenant="acme",
+            actor=ACTOR,
+            ts=utc_now(),
+            data=TurnRequested(message=str(i)),
+        )
+        head = (await store.append(subject, env, expect=head)).head
+    await store.load(subject, fold, snapshot_after=0)
+    assert (await store.load(subject, fold)).from_snapshot
+    await js.purge_stream(streams.SESSIONS.name, subject=subject)
+    after = await store.load(subject, fold)
+    assert not after.from_snapshot
+    assert after.state == Summary()
+
+
+async def test_a_snapshot_that_cannot_be_saved_does_not_fail_the_load(store: EventStore) -> None:
+    subject = log_subject("acme", new_id())
+    head = EMPTY
+    big = "x" * 200_000  # 60 of these make a state far over the snapshot bucket's value limit
+    for _ in range(60):
+        env = Envelope(
+            id=new_id(), tenant="acme", actor=ACTOR, ts=utc_now(), data=TurnRequested(message=big)
+        )
+        head = (await store.append(subject, env, expect=head)).head
+    loaded = await store.load(subject, SummaryFold(), snapshot_after=0)
+    assert len(loaded.state.turns) == 60
+    assert not (await store.load(subject, SummaryFold())).from_snapshot

@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace
 from typing import Any, cast
+from urllib.parse import urlparse
 
 import pytest
 
@@ -10,11 +11,14 @@ from fleet_mesh.connection import ServerTooOld, require_server_version
 
 def _client(major: int, minor: int, patch: int) -> Any:
     version = SimpleNamespace(major=major, minor=minor, patch=patch)
-    return cast(Any, SimpleNamespace(connected_server_version=version, connected_url="nats://x"))
+    url = urlparse("nats://user:pw@x:4222")
+    return cast(Any, SimpleNamespace(connected_server_version=version, connected_url=url))
 
 
 def test_old_servers_are_refused_with_the_version_found_and_needed() -> None:
-    with pytest.raises(ServerTooOld, match=r"nats-server 2\.9\.10 .* needs >= 2\.12\.0"):
+    with pytest.raises(
+        ServerTooOld, match=r"nats-server 2\.9\.10 at x:4222 is too old.* needs >= 2\.12\.0"
+    ):
         require_server_version(_client(2, 9, 10))
 
 

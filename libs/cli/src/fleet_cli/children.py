@@ -6,6 +6,7 @@ service must stop them too, so every signal goes to the whole group.
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -39,6 +40,16 @@ class ChildSpec:
     argv: tuple[str, ...]
     env: dict[str, str]
     log_path: Path
+    stop_last: bool = False  # NATS: stopped only after every service has gone
+
+
+def orphan_guard() -> tuple[str, ...]:
+    """An argv prefix so that a child gets SIGTERM if `fleet up` dies without stopping it
+    (SIGKILL, OOM killer): `setpriv --pdeathsig` (util-linux) sets it, then execs the child,
+    which keeps its pid. The signal follows the *thread* that started the child: every child
+    is started from the event loop's thread, which lives as long as the process."""
+    setpriv = shutil.which("setpriv")
+    return (setpriv, "--pdeathsig", "TERM", "--") if setpriv else ()
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,7 @@ class Child:
         if self._log is None:
             self._log = open(self.spec.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            self.spec.argv,
+            (*orphan_guard(), *self.spec.argv),
             env=self.spec.env,
             stdin=subprocess.DEVNULL,
             stdout=self._log,

@@ -82,7 +82,11 @@ def up_command(
         console.print(f"[red]fleet up cannot start:[/] {exc}")
         raise typer.Exit(2) from None
     _logging(data_dir / "logs" / "fleet-up.log")
-    asyncio.run(_up(options, ready_timeout))
+    try:
+        asyncio.run(_up(options, ready_timeout))
+    except CannotStart as exc:  # found only once starting (NATS would not come up)
+        console.print(f"[red]fleet up could not start:[/] {exc}")
+        raise typer.Exit(1) from None
 
 
 async def _up(options: UpOptions, ready_timeout: float) -> None:

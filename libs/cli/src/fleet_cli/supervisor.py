@@ -20,7 +20,7 @@ from fleet_cli.children import Child, ChildSpec, ChildView, State
 from fleet_events.subjects import SERVICES
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
-from fleet_mesh.natsserver import NatsServer, NatsServerError
+from fleet_mesh.natsserver import NatsServer, nats_server_binary
 
 TICK_S = 0.1
 STATE_FILE = "up.json"
@@ -115,7 +115,7 @@ def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
 class Supervisor:
     def __init__(
         self,
-        specs: Sequence[ChildSpec],
+        specs: Sequence[ChildSpec] = (),
         *,
         grace_s: float = 10.0,
         on_change: Callable[[list[ChildView]], None] = lambda _: None,
@@ -129,10 +129,24 @@ class Supervisor:
         return [child.view() for child in self.children]
 
     def start(self) -> None:
+        """Start every child not started yet."""
         for child in self.children:
-            child.start()
-            log.info("started %s (pid %s)", child.spec.name, child.pid)
+            if child.process is None:
+                self._start(child)
         self._show()
+
+    def launch(self, *specs: ChildSpec) -> list[Child]:
+        """Add children and start them now."""
+        children = [Child(spec) for spec in specs]
+        for child in children:
+            self.children.append(child)
+            self._start(child)
+        self._show()
+        return children
+
+    def _start(self, child: Child) -> None:
+        child.start()
+        log.info("started %s (pid %s, log %s)", child.spec.name, child.pid, child.spec.log_path)
 
     def tick(self, now: float) -> None:
         """One look at every child: note deaths, restart those whose backoff is over."""
@@ -161,13 +175,16 @@ class Supervisor:
                 await asyncio.wait_for(stop.wait(), TICK_S)
 
     def stop(self) -> None:
-        """SIGTERM every group at once, then SIGKILL what is left after the grace period."""
-        for child in self.children:
-            child.terminate()
-        deadline = time.monotonic() + self.grace_s
-        for child in self.children:
-            rc = child.finish(deadline)
-            log.info("stopped %s (exit %s)", child.spec.name, rc)
+        """Services first, then what they need (NATS): each wave gets SIGTERM at once, and
+        whatever is left after the grace period gets SIGKILL."""
+        for last in (False, True):
+            wave = [child for child in self.children if child.spec.stop_last is last]
+            for child in wave:
+                child.terminate()
+            deadline = time.monotonic() + self.grace_s
+            for child in wave:
+                rc = child.finish(deadline)
+                log.info("stopped %s (exit %s)", child.spec.name, rc)
         self._show()
 
     def _show(self) -> None:
@@ -186,6 +203,44 @@ async def run_bootstrap(nats_url: str) -> None:
     log.info("bootstrap: created %s", ", ".join(report.created) or "nothing (all present)")
 
 
+async def start_nats(supervisor: Supervisor, options: UpOptions, timeout: float = 15.0) -> str:
+    """nats-server from the wheel as a supervised child (restarted like a service, stopped
+    last), with the config `NatsServer` writes: loopback, private store, local sync_interval."""
+    server = NatsServer(
+        store_dir=options.data_dir / "nats",
+        port=options.nats_port,
+        sync_interval=LOCAL_SYNC_INTERVAL,
+    )
+    server.store_dir.mkdir(parents=True, exist_ok=True)
+    conf = server.store_dir / "nats.conf"
+    conf.write_text(server.config_text())
+    spec = ChildSpec(
+        name="nats",
+        argv=(nats_server_binary(), "-c", str(conf)),
+        env=dict(os.environ),
+        log_path=options.logs / "nats.log",
+        stop_last=True,
+    )
+    (child,) = supervisor.launch(spec)
+    deadline = time.monotonic() + timeout
+    while True:
+        if not child.alive():
+            raise CannotStart(f"nats-server exited at start; see {spec.log_path}")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", options.nats_port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise CannotStart(
+                    f"nats-server did not listen on {options.nats_port} within {timeout}s; "
+                    f"see {spec.log_path}"
+                ) from None
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        await writer.wait_closed()
+        return server.url
+
+
 async def up(
     options: UpOptions,
     stop: asyncio.Event,
@@ -195,63 +250,25 @@ async def up(
 ) -> None:
     """Run the whole local mesh until `stop` is set; leave no process behind."""
     options.logs.mkdir(parents=True, exist_ok=True)
-    nats: NatsServer | None = None
-    supervisor: Supervisor | None = None
+    supervisor = Supervisor(grace_s=options.grace_s, on_change=on_change)
     state_file = options.data_dir / STATE_FILE
     try:
         if options.join_url is None:
-            nats = NatsServer(
-                store_dir=options.data_dir / "nats",
-                port=options.nats_port,
-                sync_interval=LOCAL_SYNC_INTERVAL,
-                log_path=options.logs / "nats.log",
-            )
-            await asyncio.to_thread(nats.start)
-            nats_url = nats.url
-            log.info(
-                "nats-server on %s (store %s, pid %s)",
-                nats_url,
-                nats.store_dir,
-                nats.process.pid if nats.process else None,
-            )
+            nats_url = await start_nats(supervisor, options)
+            log.info("nats-server on %s (store %s)", nats_url, options.data_dir / "nats")
         else:
             nats_url = options.join_url
             log.info("joining NATS at %s", nats_url)
         await run_bootstrap(nats_url)
-        supervisor = Supervisor(
-            service_specs(options, nats_url), grace_s=options.grace_s, on_change=on_change
-        )
-        supervisor.start()
+        supervisor.launch(*service_specs(options, nats_url))
         state_file.write_text(
             json.dumps({"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url})
         )
         on_started(nats_url)
-        await watch_all(supervisor, nats, stop)
+        await supervisor.watch(stop)
     finally:
-        if supervisor is not None:
-            await asyncio.to_thread(supervisor.stop)
-        if nats is not None:
-            await asyncio.to_thread(nats.stop)
-            log.info("nats-server stopped")
+        await asyncio.to_thread(supervisor.stop)
         state_file.unlink(missing_ok=True)
-
-
-async def watch_all(supervisor: Supervisor, nats: NatsServer | None, stop: asyncio.Event) -> None:
-    """Watch the services; a NATS that died is restarted on the same port and store."""
-    watcher = asyncio.create_task(supervisor.watch(stop))
-    try:
-        while not stop.is_set():
-            if nats is not None and nats.process is not None and nats.process.poll() is not None:
-                log.warning("nats-server exited with %s; restarting it", nats.process.returncode)
-                try:
-                    await asyncio.to_thread(nats.restart)
-                except NatsServerError:
-                    log.exception("nats-server did not come back; trying again")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5)
-    finally:
-        stop.set()
-        await watcher
 
 
 __all__ = ["ChildView", "State", "Supervisor", "UpOptions", "run_bootstrap", "up"]

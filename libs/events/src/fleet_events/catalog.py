@@ -35,9 +35,7 @@ AnyEnvelope: Any = Envelope[AnyEvent]
 
 
 def type_of(event: Event) -> str:
-    tag = type(event).__struct_config__.tag
-    assert isinstance(tag, str)
-    return tag
+    return type_of_class(type(event))
 
 
 def _context(cls: type[Event]) -> str:

@@ -5,13 +5,33 @@ after an event type gains a defaulted field. Pure: the store and `fleet audit ve
 """
 
 import hashlib
+import re
 from dataclasses import dataclass, field
+
+import msgspec
+
+from fleet_events.binding import binding_problem
 
 GENESIS = "0" * 64
 
 HASH_HEADER = "Fleet-Hash"
 PREV_HEADER = "Fleet-Prev"
 TYPE_HEADER = "Fleet-Type"
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class _Names(msgspec.Struct, frozen=True):
+    """An envelope's names, read from stored bytes without knowing its event type."""
+
+    id: str
+    tenant: str
+    session: str | None = None
+    run: str | None = None
+
+
+_names = msgspec.json.Decoder(_Names)
 
 
 def link(prev_hash: str, payload: bytes | memoryview) -> str:
@@ -42,6 +62,7 @@ class ChainVerifier:
     trust_first: bool = False
     heads: dict[str, str] = field(default_factory=dict)
     checked: int = 0
+    last_seq: int = 0
     fault: ChainFault | None = None
 
     def feed(
@@ -58,17 +79,40 @@ class ChainVerifier:
         expected_prev = self.heads.get(subject)
         if expected_prev is None and not self.trust_first:
             expected_prev = GENESIS
-        problem = None
-        if prev is None or claimed is None:
-            problem = "no chain headers"
-        elif expected_prev is not None and prev != expected_prev:
-            problem = f"prev hash {prev[:12]}… does not follow the chain head {expected_prev[:12]}…"
-        elif link(prev, payload) != claimed:
-            problem = "stored bytes do not match the event's hash (altered payload)"
+        problem = self._problem(subject, seq, event_id, prev, claimed, expected_prev, payload)
         self.checked += 1
         if problem is not None:
             self.fault = ChainFault(subject, seq, event_id, problem)
             return self.fault
         assert claimed is not None
         self.heads[subject] = claimed
+        self.last_seq = seq
         return None
+
+    def _problem(
+        self,
+        subject: str,
+        seq: int,
+        event_id: str,
+        prev: str | None,
+        claimed: str | None,
+        expected_prev: str | None,
+        payload: bytes | memoryview,
+    ) -> str | None:
+        if prev is None or claimed is None:
+            return "no chain headers"
+        if _HEX64.fullmatch(prev) is None or _HEX64.fullmatch(claimed) is None:
+            return "malformed chain headers (expected 64 lowercase hex digits)"
+        if seq <= self.last_seq:
+            return f"out of stream order (sequence {seq} after {self.last_seq})"
+        if expected_prev is not None and prev != expected_prev:
+            return f"prev hash {prev[:12]}… does not follow the chain head {expected_prev[:12]}…"
+        if link(prev, payload) != claimed:
+            return "stored bytes do not match the event's hash (altered payload)"
+        try:
+            names = _names.decode(payload)
+        except msgspec.DecodeError:
+            return "stored bytes are not an event envelope"
+        if names.id != event_id:
+            return f"stored under id {event_id} but the event inside is {names.id}"
+        return binding_problem(subject, names)

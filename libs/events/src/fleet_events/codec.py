@@ -74,14 +74,25 @@ class Codec:
         except msgspec.DecodeError as exc:
             raise CodecError(f"stored bytes are not a known envelope: {exc}") from exc
 
-    async def decode(self, raw: bytes | memoryview) -> Envelope[Any]:
+    async def decode(self, raw: bytes | memoryview, *, tenant: str | None = None) -> Envelope[Any]:
+        """Decode stored bytes, fetching an offloaded payload from the blob store.
+
+        `tenant` is the tenant the bytes were stored under (from the subject). Blobs are read
+        for that tenant only, never for whatever tenant the stored envelope claims.
+        """
         envelope = self.decode_stored(raw)
         if not isinstance(envelope.data, Offloaded):
             return envelope
         if self._blobs is None:
             raise CodecError(f"event {envelope.id} is offloaded and this codec has no blob store")
+        owner = envelope.tenant if tenant is None else tenant
+        if envelope.tenant != owner:
+            raise CodecError(
+                f"event {envelope.id} names tenant {envelope.tenant!r} but is stored under "
+                f"{owner!r}: its payload is not read"
+            )
         blob = envelope.data.blob
-        full = await self._blobs.get(envelope.tenant, blob.sha256)
+        full = await self._blobs.get(owner, blob.sha256)
         if sha256_hex(full) != blob.sha256 or len(full) != blob.size:
             raise CodecError(f"offloaded payload of event {envelope.id} does not match its digest")
         return self.decode_stored(full)

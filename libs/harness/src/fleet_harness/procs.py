@@ -1,5 +1,6 @@
 """Real service processes for tests: N replicas, SIGKILL and restart, captured logs."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -53,14 +54,18 @@ class Replica:
             self._log = None
 
     def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL whatever is left of the process group (children a
+        clean exit left behind included)."""
         if self.process is None:
             return None
         if self.alive():
             self.process.terminate()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
         self._close_log()
         return self.process.returncode
 

@@ -26,7 +26,8 @@ async def eventually(
         try:
             value = probe()
             if asyncio.iscoroutine(value):
-                value = await value
+                # a probe that hangs must not outlive the wait's own bound
+                value = await asyncio.wait_for(value, max(0.01, deadline - time.monotonic()))
             if value:
                 return value  # type: ignore[return-value]
         except Exception as exc:  # a probe may fail while the thing comes up

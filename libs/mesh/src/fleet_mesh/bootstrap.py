@@ -26,6 +26,10 @@ from fleet_mesh.runtime_config import seed_from_env
 log = logging.getLogger("fleet.bootstrap")
 
 
+class BootstrapError(RuntimeError):
+    """An existing stream or bucket that cannot be brought in line without losing data."""
+
+
 @dataclass(frozen=True)
 class BootstrapReport:
     created: tuple[str, ...]
@@ -59,6 +63,12 @@ async def _ensure_stream(js: JetStreamContext, spec: StreamSpec, replicas: int) 
         await js.add_stream(wanted)
         return "created"
     current = info.config
+    if current.retention != wanted.retention:
+        raise BootstrapError(
+            f"stream {spec.name} exists with {current.retention} retention; fleet-rlm needs "
+            f"{wanted.retention}. Retention cannot change in place: move its data and delete "
+            "the stream, then run the bootstrap again"
+        )
     merged = replace(
         current,
         subjects=sorted(set(current.subjects or []) | set(spec.subjects)),

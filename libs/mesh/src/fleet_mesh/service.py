@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 
 from fleet_events import Actor, subjects
 from fleet_mesh import logs, rpc
-from fleet_mesh.connection import connect
+from fleet_mesh.connection import connect, server_address
 
 Req = TypeVar("Req")
 
@@ -112,7 +112,7 @@ async def serve_forever(
     await setup(ctx)
     # Ping last: a service that answers ping has every subscription of its setup live.
     await ctx.serve(subjects.ping(name), Ping, pong)
-    log.info("started", extra={"server": str(nc.connected_url.netloc if nc.connected_url else "")})
+    log.info("started", extra={"server": server_address(nc)})
     await stop.wait()
     log.info("stopping")
     await asyncio.gather(*(served.stop() for served in ctx.served))

@@ -28,6 +28,7 @@ from nats.js.errors import APIError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from fleet_events import Envelope, streams
+from fleet_events.binding import binding_problem, subject_tenant
 from fleet_events.catalog import type_of
 from fleet_events.chain import (
     GENESIS,
@@ -39,6 +40,7 @@ from fleet_events.chain import (
     link,
 )
 from fleet_events.codec import Codec
+from fleet_events.envelope import Offloaded
 from fleet_events.streams import StreamSpec
 from fleet_mesh.blobs import JetStreamBlobs
 
@@ -73,15 +75,28 @@ class DuplicateElsewhere(StoreError):
     """An event id already stored on another subject: ids are unique across a stream."""
 
 
+class DuplicateInBatch(AppendConflict):
+    """A batch holds an id the stream already has, and the subject did not move: reloading
+    will not help. Append its events one at a time to find the one that is not new."""
+
+
+class WrongSubject(StoreError, ValueError):
+    """The envelope names a tenant, session or run other than the subject it is appended to."""
+
+
+class StoreUnavailable(StoreError):
+    """The server did not answer in time; the operation may or may not have happened."""
+
+
 @dataclass(frozen=True, slots=True)
 class Head:
     """The last event of one subject: its stream sequence (0 = none yet) and chain hash."""
 
-    seq: int = 0
-    hash: str = GENESIS
+    seq: int
+    hash: str
 
 
-EMPTY = Head()
+EMPTY = Head(0, GENESIS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +180,19 @@ def _json_bytes(value: object) -> bytes:
 
 
 def _snapshot_key(fold: str, filter_subject: str) -> str:
-    return f"{fold}.{filter_subject.replace('>', '_all').replace('*', '_any')}"
+    # '=' is allowed in KV keys and never in an id, so a wildcard cannot collide with an id.
+    return f"{fold}.{filter_subject.replace('>', '=all').replace('*', '=any')}"
+
+
+def _check_appendable(subject: str, envelope: Envelope[Any]) -> None:
+    if isinstance(envelope.data, Offloaded):
+        raise WrongSubject(
+            f"event {envelope.id} is an Offloaded stub: only the codec writes those; append the "
+            "full event and the store offloads it when it is large"
+        )
+    problem = binding_problem(subject, envelope)
+    if problem is not None:
+        raise WrongSubject(problem)
 
 
 class EventStore:
@@ -194,6 +221,7 @@ class EventStore:
         self, subject: str, envelope: Envelope[Any], *, expect: Head | None = None
     ) -> Appended:
         """Append one event after `expect` (default: the subject's current head)."""
+        _check_appendable(subject, envelope)
         if expect is None:
             expect = await self.head(subject)
         payload = await self._codec.encode(envelope)
@@ -236,6 +264,8 @@ class EventStore:
             return [await self.append(subject, envelopes[0], expect=expect)]
         if len(envelopes) > MAX_BATCH:
             raise ValueError(f"a batch holds at most {MAX_BATCH} events, got {len(envelopes)}")
+        for envelope in envelopes:
+            _check_appendable(subject, envelope)
         if expect is None:
             expect = await self.head(subject)
         batch_id = envelopes[0].id
@@ -260,14 +290,20 @@ class EventStore:
         for payload, headers, _ in messages[:-1]:
             await self._nc.publish(subject, payload, headers=headers)
         payload, headers, _ = messages[-1]
-        reply = await self._nc.request(subject, payload, headers=headers, timeout=self._timeout)
+        try:
+            reply = await self._nc.request(subject, payload, headers=headers, timeout=self._timeout)
+        except NatsTimeout as exc:
+            # Retrying the same call is safe: the read-back recognises a batch that landed.
+            raise StoreUnavailable(f"batch append to {subject}: no answer in time") from exc
         answer = json.loads(reply.data)
         error = answer.get("error")
         ids = [e.id for e in envelopes]
         if error:
             if error.get("err_code") in (WRONG_LAST_SEQUENCE, BATCH_DUPLICATE_ID):
-                exc = APIError(err_code=error.get("err_code"), description=error.get("description"))
-                return await self._read_back(subject, ids, expect, exc)
+                refusal = APIError(
+                    err_code=error.get("err_code"), description=error.get("description")
+                )
+                return await self._read_back(subject, ids, expect, refusal)
             raise StoreError(f"batch append to {subject} refused: {error.get('description')}")
         last_seq = int(answer["seq"])
         first = last_seq - len(envelopes) + 1
@@ -276,30 +312,25 @@ class EventStore:
     async def _read_back(
         self, subject: str, ids: list[str], expect: Head, exc: APIError
     ) -> list[Appended]:
-        """The sequence check failed: are the subject's last events ours (a lost ack)?
+        """The append was refused: did an earlier try of it land (its ack lost)?
 
-        Every id is compared, in order and contiguous: a racing writer that stored only one of
-        them (say a retried request) must not make the others look stored.
+        The server could only have stored our events right after `expect`, so the subject's
+        first events after `expect.seq` are read (one round trip) and every id is compared, in
+        order: another writer appending after ours, or storing just one of our ids (a retried
+        request), cannot make this answer wrong.
         """
-        last = await self._last_raw(subject)
-        last_seq = (last.seq or 0) if last is not None else 0
-        if last is not None and _headers(last).get("Nats-Msg-Id") == ids[-1]:
-            if len(ids) == 1:
-                return [Appended(last_seq, _headers(last).get(HASH_HEADER, ""), duplicate=True)]
-            first = last_seq - len(ids) + 1
-            stored = [
-                raw async for raw in self.read_raw(subject, from_seq=first, up_to_seq=last_seq)
+        stored = await self._direct_batch(subject, expect.seq + 1, limit=len(ids))
+        found = [raw.headers.get("Nats-Msg-Id") for raw in stored[0]]
+        if found == ids:
+            return [
+                Appended(raw.seq, raw.headers.get(HASH_HEADER, ""), duplicate=True)
+                for raw in stored[0]
             ]
-            if [raw.headers.get("Nats-Msg-Id") for raw in stored] == ids and [
-                raw.seq for raw in stored
-            ] == list(range(first, last_seq + 1)):
-                return [
-                    Appended(raw.seq, raw.headers.get(HASH_HEADER, ""), duplicate=True)
-                    for raw in stored
-                ]
-        raise AppendConflict(
-            subject, expect.seq, exc.description or "wrong last sequence", actual=last_seq
-        )
+        head = await self.head(subject)
+        detail = exc.description or "wrong last sequence"
+        if exc.err_code == BATCH_DUPLICATE_ID and head.seq == expect.seq:
+            raise DuplicateInBatch(subject, expect.seq, detail, actual=head.seq)
+        raise AppendConflict(subject, expect.seq, detail, actual=head.seq)
 
     async def _duplicate_at(self, seq: int, subject: str, event_id: str) -> Appended:
         msg = await self._js.get_msg(self._stream, seq, direct=True)
@@ -322,7 +353,13 @@ class EventStore:
         raw = await self._last_raw(subject)
         if raw is None:
             return EMPTY
-        return Head(raw.seq or 0, _headers(raw).get(HASH_HEADER, GENESIS))
+        digest = _headers(raw).get(HASH_HEADER)
+        if digest is None:
+            raise StoreError(
+                f"the last message on {subject} (seq {raw.seq}) has no {HASH_HEADER} header: it "
+                "was not written through the event store, so nothing can chain after it"
+            )
+        return Head(raw.seq or 0, digest)
 
     async def last(self, subject: str) -> StoredEvent | None:
         raw = await self._last_raw(subject)
@@ -338,7 +375,7 @@ class EventStore:
         return StoredEvent(
             subject=subject,
             seq=seq,
-            envelope=await self._codec.decode(data),
+            envelope=await self._codec.decode(data, tenant=subject_tenant(subject)),
             hash=headers.get(HASH_HEADER, ""),
             prev_hash=headers.get(PREV_HEADER, ""),
         )
@@ -363,7 +400,7 @@ class EventStore:
             up_to_seq = (last.seq or 0) if last is not None else 0
         seq = from_seq
         while seq <= up_to_seq:
-            batch, more = await self._direct_batch(filter_subject, seq, up_to_seq)
+            batch, more = await self._direct_batch(filter_subject, seq)
             for raw in batch:
                 if raw.seq > up_to_seq:
                     return
@@ -373,7 +410,7 @@ class EventStore:
             seq = batch[-1].seq + 1
 
     async def _direct_batch(
-        self, filter_subject: str, seq: int, up_to_seq: int
+        self, filter_subject: str, seq: int, *, limit: int = READ_BATCH
     ) -> tuple[list[RawEvent], bool]:
         """One batched direct get: the messages, and whether more match after them."""
         messages: list[Msg] = []
@@ -386,13 +423,17 @@ class EventStore:
             else:
                 messages.append(msg)
 
-        request = {"seq": seq, "next_by_subj": filter_subject, "batch": READ_BATCH}
+        request = {"seq": seq, "next_by_subj": filter_subject, "batch": limit}
         sub = await self._nc.subscribe(
             self._nc.new_inbox(), cb=collect, pending_msgs_limit=READ_BATCH * 2
         )
         try:
             await self._nc.publish(self._direct_get, _json_bytes(request), sub.subject)
             end = await asyncio.wait_for(finished, self._timeout)
+        except TimeoutError as exc:
+            raise StoreUnavailable(
+                f"reading {filter_subject} from {seq}: no answer in time"
+            ) from exc
         finally:
             await sub.unsubscribe()
         status = (end.headers or {}).get("Status")
@@ -427,8 +468,7 @@ class EventStore:
             filter_subject,
             stream=self._stream,
             ordered_consumer=True,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            config=_start_at(from_seq),
+            config=_start_at(max(1, from_seq)),
             idle_heartbeat=5.0,
         )
         try:
@@ -457,7 +497,7 @@ class EventStore:
         """
         loaded: Loaded[S] = Loaded(fold.initial())
         if use_snapshot and self._snapshots is not None:
-            loaded = await self._read_snapshot(filter_subject, fold) or loaded
+            loaded = await self._read_snapshot(filter_subject, fold) or Loaded(fold.initial())
         state = loaded.state
         async for event in self.replay(filter_subject, from_seq=loaded.seq + 1):
             state = fold.evolve(state, event)
@@ -466,7 +506,10 @@ class EventStore:
             loaded.replayed += 1
         loaded.state = state
         if snapshot_after is not None and loaded.replayed > snapshot_after:
-            await self.save_snapshot(filter_subject, fold, loaded)
+            try:
+                await self.save_snapshot(filter_subject, fold, loaded)
+            except Exception:  # the fold is right; only the next load will be slower
+                log.warning("snapshot not saved", exc_info=True, extra={"filter": filter_subject})
         return loaded
 
     async def _read_snapshot(self, filter_subject: str, fold: Fold[S]) -> Loaded[S] | None:
@@ -483,6 +526,11 @@ class EventStore:
                 "ignoring snapshot of another fold version",
                 extra={"fold": fold.name, "stored": snap.version, "current": fold.version},
             )
+            return None
+        last = await self._last_raw(filter_subject)
+        if last is None or (last.seq or 0) < snap.seq:
+            # The log no longer reaches the snapshot (purged): the snapshot must not outlive it.
+            log.warning("ignoring snapshot beyond the log", extra={"filter": filter_subject})
             return None
         state = msgspec.msgpack.decode(snap.state, type=fold.state_type)
         heads = {subject: Head(seq, digest) for subject, (seq, digest) in snap.heads.items()}
@@ -539,15 +587,16 @@ class EventStore:
 def verify_export(lines: Iterable[bytes]) -> Verification:
     """Verify an export on its own, with no server: the same chain rule over the same bytes."""
     verifier = ChainVerifier()
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
             payload = base64.b64decode(row["payload"], validate=True)
-        except (ValueError, KeyError) as exc:
-            return Verification(
-                verifier.checked, ChainFault("?", -1, "?", f"unreadable export line: {exc}")
-            )
-        if verifier.feed(row["subject"], row["seq"], row["id"], row["prev"], row["hash"], payload):
+            subject, seq, event_id = str(row["subject"]), int(row["seq"]), str(row["id"])
+            prev, claimed = row.get("prev"), row.get("hash")
+        except (ValueError, KeyError, TypeError) as exc:
+            fault = ChainFault("?", -1, "?", f"export line {number} is unreadable: {exc!r}")
+            return Verification(verifier.checked, fault)
+        if verifier.feed(subject, seq, event_id, prev, claimed, payload):
             break
     return Verification(verifier.checked, verifier.fault)
 

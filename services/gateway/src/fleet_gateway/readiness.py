@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from fleet_events import streams, subjects
 from fleet_mesh import rpc
+from fleet_mesh.connection import server_address
 from fleet_mesh.service import Ping, Pong
 
 State = Literal["up", "down"]
@@ -80,7 +81,7 @@ def _nats(nc: Client | None) -> Component:
     if nc is None or not nc.is_connected:
         return Component(name="nats", kind="nats", state="down", detail="not connected")
     version = nc.connected_server_version
-    url = nc.connected_url.netloc if nc.connected_url else ""
+    url = server_address(nc)  # never the URL: it may carry credentials
     return Component(
         name="nats",
         kind="nats",

@@ -22,6 +22,7 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
             max_frame=settings.max_frame_bytes,
             output_cap=settings.output_cap_chars,
             hide=settings.hide,
+            uid_locks=settings.uid_locks,
         )
     )
     blobs = await JetStreamBlobs.open(ctx.js)

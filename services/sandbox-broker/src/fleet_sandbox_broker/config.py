@@ -21,6 +21,8 @@ class BrokerSettings(BaseSettings):
     python: str = "/usr/bin/python3"
     uid_base: int = Field(default=310000, ge=1000)
     uid_count: int = Field(default=4096, ge=1)
+    # flocks claiming uids, shared by every broker on the host (a tmpfs: claims die with it)
+    uid_locks: Path = Path("/run/fleet-rlm/sandbox-uids")
     max_frame_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
     output_cap_chars: int = Field(default=1024 * 1024, ge=1024)
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024 * 1024)

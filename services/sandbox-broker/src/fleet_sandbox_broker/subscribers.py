@@ -188,7 +188,7 @@ class Broker:
                      parent: str | None, spec: domain.Spec | None = None) -> Held:  # fmt: skip
         held = Held(tenant, box, labels, parent, spec or domain.Spec())
         self.held[box.id] = held
-        box.on_stop.append(self._on_stop)
+        box.on_stop.append(lambda stopped: self._on_stop(stopped, held))
         routes: list[tuple[str, type[Any], Any]] = [
             ("fork", sb.ForkSandbox, self.fork),
             ("build_child", sb.BuildChild, self.build_child),
@@ -205,10 +205,9 @@ class Broker:
                                                         handler, ""))  # fmt: skip
         return held
 
-    async def _on_stop(self, box: LocalSandbox) -> None:
-        held = self.held.get(box.id)
+    async def _on_stop(self, box: LocalSandbox, held: Held) -> None:
         limit = box.stopped_limit
-        if held is None or (limit in (None, "exited") and box.stopped_reason == "deleted"):
+        if limit in (None, "exited") and box.stopped_reason in ("deleted", "replaced"):
             return
         assert limit is not None
         event = sb.LimitExceeded(

@@ -100,6 +100,7 @@ class LocalSettings:
     max_frame: int = 4 * 1024 * 1024
     output_cap: int = 1024 * 1024
     start_timeout_s: float = 15.0
+    uid_locks: Path = Path("/run/fleet-rlm/sandbox-uids")
     # host directories replaced by an empty read-only tmpfs inside every sandbox (world-readable
     # is not the same as public: project checkouts, service state, sockets under /run)
     hide: tuple[str, ...] = HIDE
@@ -205,6 +206,7 @@ class LocalSandbox:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.contexts: set[str] = set()
         self.on_stop: list[Any] = []
+        self._stopped = asyncio.Event()
 
     # -- state -------------------------------------------------------------------------------
 
@@ -437,7 +439,8 @@ class LocalSandbox:
         self._check_running()
         provider = self._provider
         child_dir = provider.settings.root / child_id
-        copy = asyncio.create_task(provider.copy_sandbox_dir(self.directory, child_dir))
+        await asyncio.to_thread(provider.prepare_child_dirs, child_dir, self.uid)
+        copy: asyncio.Task[None] | None = None
         mine, theirs = socket.socketpair()
         child = LocalSandbox(
             provider,
@@ -451,7 +454,6 @@ class LocalSandbox:
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[key] = waiter
         try:
-            await copy
             child.start_reading()
             await self._channel.send(
                 {
@@ -466,9 +468,15 @@ class LocalSandbox:
             answer = await asyncio.wait_for(waiter, 10)
             if isinstance(answer, frames.ForkRefused):
                 raise ForkFailed(f"cannot fork sandbox {self.id}: {answer.error}")
+            # the child idles until asked: its files are copied while it comes up, and only
+            # for a fork that happened
+            copy = asyncio.create_task(provider.copy_sandbox_dir(self.directory, child_dir))
             pid = await child.wait_ready(10)
+            await copy
         except BaseException:
             theirs.close()
+            if copy is not None and not copy.done():
+                copy.cancel()
             self._waiters.pop(key, None)
             await child.stop("fork failed", "exited")
             await provider.remove_dir(child_dir)
@@ -491,8 +499,17 @@ class LocalSandbox:
     # -- ending ------------------------------------------------------------------------------
 
     async def stop(self, reason: str, limit: str = "exited") -> None:
+        """Idempotent; a second caller waits until the first stop (hooks included) is done,
+        so a delete racing a limit records the limit first."""
         if self._reason is not None:
+            await self._stopped.wait()
             return
+        try:
+            await self._stop(reason, limit)
+        finally:
+            self._stopped.set()
+
+    async def _stop(self, reason: str, limit: str) -> None:
         self._reason = reason
         self._limit = limit
         self._kill_group()
@@ -662,10 +679,12 @@ class LocalProvider:
         os.chmod(private, 0o700)
         self._setup = private / "setup.sh"
         self._setup.write_text(SETUP_SH)
-        (private / "uids").mkdir(exist_ok=True)
+        # host-wide, whatever the root: two brokers on one host must never share a uid (a
+        # claim sweeps the uid's processes)
+        settings.uid_locks.mkdir(parents=True, exist_ok=True, mode=0o700)
         (private / "logs").mkdir(exist_ok=True)
         self._logs = private / "logs"
-        self._uids = UidPool(private / "uids", settings.uid_base, settings.uid_count)
+        self._uids = UidPool(settings.uid_locks, settings.uid_base, settings.uid_count)
         self._families: dict[int, int] = {}
 
     def family_join(self, uid: int) -> None:
@@ -808,9 +827,18 @@ class LocalProvider:
                 raise BadSpec(f"cannot check out {url!r} at {ref or 'HEAD'!r}: {detail}")
         await asyncio.to_thread(chown_tree, target, box.uid)
 
+    def prepare_child_dirs(self, directory: Path, uid: int) -> None:
+        """What a forked child needs before it starts: its workspace and tmp, empty."""
+        directory.mkdir(mode=0o711)
+        for sub in ("workspace", "tmp"):
+            (directory / sub).mkdir(mode=0o700)
+            os.chown(directory / sub, uid, uid)
+
     async def copy_sandbox_dir(self, source: Path, target: Path) -> None:
+        """Merge `source` into the prepared `target` (owners and modes kept, reflinks if the
+        filesystem has them)."""
         proc = await asyncio.create_subprocess_exec(
-            "cp", "-a", "--reflink=auto", str(source), str(target),
+            "cp", "-a", "--reflink=auto", "-T", str(source), str(target),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         _, err = await proc.communicate()

@@ -134,7 +134,10 @@ async def bootstrap(
         tuple(outcome["unchanged"]),
         tuple(seeded),
     )
-    log.info("bootstrap done", extra={"created": report.created, "updated": report.updated})
+    log.info(
+        "bootstrap done",
+        extra={"made": report.created, "brought_in_line": report.updated, "seeded": report.seeded},
+    )
     return report
 
 

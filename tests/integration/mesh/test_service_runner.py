@@ -1,4 +1,5 @@
 import dataclasses
+import logging
 from pathlib import Path
 
 import msgspec
@@ -104,3 +105,12 @@ async def test_bootstrap_refuses_a_stream_whose_retention_cannot_be_fixed_in_pla
     with pytest.raises(BootstrapError, match=r"WORK exists with .*limits.* retention"):
         await bootstrap(js)
     await nc.close()
+
+
+async def test_bootstrap_logs_what_it_did_at_info(
+    js: JetStreamContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="fleet.bootstrap"):
+        await bootstrap(js)
+    (record,) = [r for r in caplog.records if r.getMessage() == "bootstrap done"]
+    assert "stream SESSIONS" not in record.made  # type: ignore[attr-defined]

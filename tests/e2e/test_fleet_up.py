@@ -4,6 +4,7 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -143,3 +144,38 @@ async def test_with_nats_url_set_fleet_up_joins_that_server_instead_of_starting_
     assert not (mesh.data_dir / "nats").exists()
     assert nats_server.process is not None
     assert nats_server.process.pid not in descendants(mesh.process.pid)
+
+
+async def test_if_fleet_up_itself_is_sigkilled_its_children_still_stop(
+    start_mesh: StartMesh,
+) -> None:
+    mesh = start_mesh()
+    await ready(mesh)
+    tree = descendants(mesh.process.pid)
+    groups = {p.pgid for p in living(tree, set())}
+    mesh.process.kill()  # no chance to clean up: the children's parent-death signal does it
+    await asyncio.to_thread(mesh.process.wait, 10)
+    # NATS gets its SIGTERM together with the services here, so a service may spend up to
+    # nats-py's drain timeout (30 s) finding its server gone before it exits.
+    await eventually(lambda: living(tree, groups) == [], timeout=60, what="every orphan to stop")
+
+
+async def test_a_nats_server_killed_under_fleet_up_is_restarted_and_the_mesh_recovers(
+    start_mesh: StartMesh,
+) -> None:
+    mesh = start_mesh()
+    await ready(mesh)
+    nats = [p for p in living(descendants(mesh.process.pid), set()) if _is_nats(p.pid)]
+    assert len(nats) == 1
+    os.kill(nats[0].pid, signal.SIGKILL)
+    await eventually(lambda: "nats exited with -9" in mesh.printed(), timeout=10, what="log")
+    components = await ready(mesh)
+    assert components["nats"]["state"] == "up"
+
+
+def _is_nats(pid: int) -> bool:
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except FileNotFoundError:
+        return False
+    return argv0.endswith(b"/nats-server")

@@ -1,6 +1,7 @@
 """The supervisor in-process, with stand-in children (tiny Python programs), no NATS."""
 
 import asyncio
+import dataclasses
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -118,3 +119,29 @@ async def test_stop_terminates_every_group_and_kills_what_ignores_sigterm(tmp_pa
     assert deaf.process is not None
     assert deaf.process.returncode == -9
     assert [view.state for view in supervisor.views()] == [State.STOPPED, State.STOPPED]
+
+
+# On SIGTERM, print the (system-wide) monotonic clock, then exit.
+TERM_CLOCK = (
+    "import signal, sys, time\n"
+    "def bye(*_):\n"
+    "    print(time.monotonic(), flush=True)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, bye)\n"
+    "print('up', flush=True)\n"
+    "while True:\n"
+    "    signal.pause()\n"
+)
+
+
+async def test_stop_ends_the_services_before_what_is_marked_stop_last(tmp_path: Path) -> None:
+    nats_like = dataclasses.replace(spec(tmp_path, "nats", TERM_CLOCK), stop_last=True)
+    service = spec(tmp_path, "svc", TERM_CLOCK)
+    supervisor = Supervisor([nats_like, service], grace_s=5)
+    supervisor.start()
+    for s in (nats_like, service):
+        await eventually(lambda s=s: "up" in s.log_path.read_text(), timeout=10, what=s.name)
+    supervisor.stop()
+    service_exit = float(service.log_path.read_text().split()[-1])
+    nats_term = float(nats_like.log_path.read_text().split()[-1])
+    assert service_exit < nats_term

@@ -14,8 +14,8 @@ from rich.logging import RichHandler
 
 from fleet_cli import display
 from fleet_cli.children import ChildView
+from fleet_cli.mesh import CannotStart, UpOptions, preflight, up
 from fleet_cli.status import ask, gateway_url, wait_ready
-from fleet_cli.supervisor import CannotStart, UpOptions, preflight, up
 from fleet_mesh.logs import JsonFormatter
 from fleet_mesh.natsserver import free_port
 

@@ -1,115 +1,18 @@
-"""The local mesh under one supervisor: NATS, the bootstrap, the five services as processes.
-
-`Supervisor` is plain asyncio and takes its child specs as data, so tests drive it in-process
-with stand-in children; `fleet up` builds the real specs with `service_specs`.
-"""
+"""A set of child processes kept alive: restarted with backoff when they die, stopped in two
+waves (services, then what they need). Plain asyncio over `children.Child`; it knows nothing of
+NATS or services, so tests drive it in-process with stand-in children."""
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
-from fleet_cli.children import Child, ChildSpec, ChildView, State
-from fleet_events.subjects import SERVICES
-from fleet_mesh.bootstrap import bootstrap
-from fleet_mesh.connection import connect
-from fleet_mesh.natsserver import NatsServer, nats_server_binary
+from fleet_cli.children import Child, ChildSpec, ChildView
 
 TICK_S = 0.1
-STATE_FILE = "up.json"
-
-# Local is one node with no replica to recover from, and a laptop loses power more often than
-# a server does: fsync every write ("always"). Local rates are far below its measured cost
-# (about 2k acked appends/s). See docs/operations.md.
-LOCAL_SYNC_INTERVAL = "always"
 
 log = logging.getLogger("fleet.up")
-
-
-@dataclass(frozen=True)
-class UpOptions:
-    data_dir: Path
-    gateway_port: int = 8080
-    nats_port: int = 4222
-    join_url: str | None = None  # NATS_URL: join that server instead of starting one
-    grace_s: float = 10.0
-
-    @property
-    def logs(self) -> Path:
-        return self.data_dir / "logs"
-
-    @property
-    def gateway_url(self) -> str:
-        return f"http://127.0.0.1:{self.gateway_port}"
-
-
-class CannotStart(Exception):
-    """`fleet up` refuses before starting anything; the message says what to do."""
-
-
-def _port_taken(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
-def preflight(options: UpOptions) -> None:
-    """Refuse what would only fail later, less clearly: a second mesh on one data dir, a port
-    someone else holds (the gateway would crash-loop on it)."""
-    state = options.data_dir / STATE_FILE
-    if state.exists():
-        try:
-            pid = int(json.loads(state.read_text())["pid"])
-            os.kill(pid, 0)
-        except (ValueError, KeyError, ProcessLookupError, PermissionError):
-            pass  # left by a mesh that did not stop cleanly: nothing runs there now
-        else:
-            raise CannotStart(
-                f"a mesh from {options.data_dir} is already running (fleet up, pid {pid}); "
-                "stop it, or pass another --data-dir"
-            )
-    ports = [("gateway", "--port", options.gateway_port)]
-    if options.join_url is None:
-        ports.append(("NATS", "--nats-port", options.nats_port))
-    for what, flag, port in ports:
-        if _port_taken(port):
-            raise CannotStart(
-                f"{what} port {port} on 127.0.0.1 is in use; pass {flag} with a free port"
-                + (" (0 picks one)" if flag == "--nats-port" else "")
-            )
-
-
-def module_of(service: str) -> str:
-    return "fleet_" + service.replace("-", "_")
-
-
-def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
-    env = {key: value for key, value in os.environ.items() if key != "FLEET_REPLICA"}
-    env.update(
-        NATS_URL=nats_url,
-        PYTHONUNBUFFERED="1",
-        FLEET_GATEWAY_HOST="127.0.0.1",
-        FLEET_GATEWAY_PORT=str(options.gateway_port),
-    )
-    return [
-        ChildSpec(
-            name=service,
-            argv=(sys.executable, "-m", module_of(service)),
-            env=env,
-            log_path=options.logs / f"{service}.log",
-        )
-        for service in SERVICES
-    ]
 
 
 class Supervisor:
@@ -192,83 +95,3 @@ class Supervisor:
         if views != self._shown:
             self._shown = views
             self._on_change(views)
-
-
-async def run_bootstrap(nats_url: str) -> None:
-    nc = await connect(nats_url, name="fleet-up")
-    try:
-        report = await bootstrap(nc.jetstream())
-    finally:
-        await nc.close()
-    log.info("bootstrap: created %s", ", ".join(report.created) or "nothing (all present)")
-
-
-async def start_nats(supervisor: Supervisor, options: UpOptions, timeout: float = 15.0) -> str:
-    """nats-server from the wheel as a supervised child (restarted like a service, stopped
-    last), with the config `NatsServer` writes: loopback, private store, local sync_interval."""
-    server = NatsServer(
-        store_dir=options.data_dir / "nats",
-        port=options.nats_port,
-        sync_interval=LOCAL_SYNC_INTERVAL,
-    )
-    server.store_dir.mkdir(parents=True, exist_ok=True)
-    conf = server.store_dir / "nats.conf"
-    conf.write_text(server.config_text())
-    spec = ChildSpec(
-        name="nats",
-        argv=(nats_server_binary(), "-c", str(conf)),
-        env=dict(os.environ),
-        log_path=options.logs / "nats.log",
-        stop_last=True,
-    )
-    (child,) = supervisor.launch(spec)
-    deadline = time.monotonic() + timeout
-    while True:
-        if not child.alive():
-            raise CannotStart(f"nats-server exited at start; see {spec.log_path}")
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", options.nats_port)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise CannotStart(
-                    f"nats-server did not listen on {options.nats_port} within {timeout}s; "
-                    f"see {spec.log_path}"
-                ) from None
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        await writer.wait_closed()
-        return server.url
-
-
-async def up(
-    options: UpOptions,
-    stop: asyncio.Event,
-    *,
-    on_change: Callable[[list[ChildView]], None] = lambda _: None,
-    on_started: Callable[[str], None] = lambda _: None,
-) -> None:
-    """Run the whole local mesh until `stop` is set; leave no process behind."""
-    options.logs.mkdir(parents=True, exist_ok=True)
-    supervisor = Supervisor(grace_s=options.grace_s, on_change=on_change)
-    state_file = options.data_dir / STATE_FILE
-    try:
-        if options.join_url is None:
-            nats_url = await start_nats(supervisor, options)
-            log.info("nats-server on %s (store %s)", nats_url, options.data_dir / "nats")
-        else:
-            nats_url = options.join_url
-            log.info("joining NATS at %s", nats_url)
-        await run_bootstrap(nats_url)
-        supervisor.launch(*service_specs(options, nats_url))
-        state_file.write_text(
-            json.dumps({"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url})
-        )
-        on_started(nats_url)
-        await supervisor.watch(stop)
-    finally:
-        await asyncio.to_thread(supervisor.stop)
-        state_file.unlink(missing_ok=True)
-
-
-__all__ = ["ChildView", "State", "Supervisor", "UpOptions", "run_bootstrap", "up"]

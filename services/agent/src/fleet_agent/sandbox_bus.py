@@ -190,11 +190,12 @@ def _in_thread(loop: asyncio.AbstractEventLoop, fn: Callable[[], T]) -> Awaitabl
 
     def body() -> None:
         try:
-            result = fn()
+            outcome: tuple[bool, Any] = (True, fn())
         except BaseException as exc:
-            loop.call_soon_threadsafe(deliver, False, exc)
-        else:
-            loop.call_soon_threadsafe(deliver, True, result)
+            outcome = (False, exc)
+        # the bus may have closed while the tool ran: then nobody waits for the answer
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver, *outcome)
 
     threading.Thread(target=body, daemon=True, name="tool-call").start()
     return future

@@ -82,6 +82,7 @@ class Broker:
         self.held: dict[str, Held] = {}
         self._heads: dict[str, Head] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._reconciling: asyncio.Task[None] | None = None
         # Answers kept for retries. Execution replies can be megabytes (output, values), so
         # they get a small cache of their own: a retry is expected within seconds, not hours.
         self._answers = rpc.ReplyCache(capacity=4096)
@@ -174,7 +175,7 @@ class Broker:
         self.ctx.served.append(
             await self._serve(sb.broker_rpc("create"), sb.CreateSandbox, self.create, queue)
         )
-        await self.reconcile()
+        self._reconciling = asyncio.create_task(self._reconcile_until_done())
         for verb, kind, handler in (
             ("list", sb.ListSandboxes, self.list),
             ("resume", sb.ResumeSandbox, self.resume),
@@ -534,6 +535,17 @@ class Broker:
         data = await asyncio.to_thread(self.volumes.read, req.tenant, req.volume, req.path, cap)
         return sb.FileContent(path=req.path, size=len(data), sha256=sha256_hex(data), data=data)
 
+    async def _reconcile_until_done(self) -> None:
+        """Reconcile in the background: a slow or briefly unavailable store must not keep the
+        broker from answering; failures are retried with backoff."""
+        for attempt in range(8):
+            try:
+                await self.reconcile()
+                return
+            except Exception:
+                self.ctx.log.exception("reconcile failed", extra={"attempt": attempt})
+                await asyncio.sleep(min(30.0, 0.5 * 2**attempt))
+
     async def reconcile(self) -> None:
         """After a restart: reap this replica's children, run its session sandboxes again."""
         views = await self._views("fleet.sandbox.>")
@@ -588,6 +600,8 @@ class Broker:
         ), held.labels)  # fmt: skip
 
     async def close(self) -> None:
+        if self._reconciling is not None:
+            self._reconciling.cancel()
         await self.pool.close()
         for held in list(self.held.values()):
             await held.box.stop("the broker stopped", "exited")

@@ -29,6 +29,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,8 +116,13 @@ class UidPool:
         self._count = count
         self._held: dict[int, int] = {}
         self._next = 0
+        self._lock = threading.Lock()  # claims and releases run in worker threads
 
     def claim(self) -> int:
+        with self._lock:
+            return self._claim()
+
+    def _claim(self) -> int:
         for _ in range(self._count):
             uid = self._base + self._next
             self._next = (self._next + 1) % self._count
@@ -134,7 +140,8 @@ class UidPool:
         raise SandboxError(f"all {self._count} sandbox uids are in use")
 
     def release(self, uid: int) -> None:
-        fd = self._held.pop(uid, None)
+        with self._lock:
+            fd = self._held.pop(uid, None)
         if fd is not None:
             sweep_uid(uid)
             os.close(fd)
@@ -531,7 +538,7 @@ class LocalSandbox:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await asyncio.to_thread(self._process.wait, 5)
         if self.pid is not None:
-            self._provider.family_leave(self.uid)
+            await self._provider.family_leave(self.uid)
         for hook in self.on_stop:
             await hook(self)
 
@@ -690,13 +697,13 @@ class LocalProvider:
     def family_join(self, uid: int) -> None:
         self._families[uid] = self._families.get(uid, 0) + 1
 
-    def family_leave(self, uid: int) -> None:
+    async def family_leave(self, uid: int) -> None:
         left = self._families.get(uid, 0) - 1
         if left > 0:
             self._families[uid] = left
             return
         self._families.pop(uid, None)
-        self._uids.release(uid)
+        await asyncio.to_thread(self._uids.release, uid)  # the sweep runs a process
 
     async def create(
         self,
@@ -729,7 +736,7 @@ class LocalProvider:
             process = await asyncio.to_thread(self._spawn, argv, theirs, directory, sandbox_id)
             theirs.close()
         except BaseException:
-            self._uids.release(uid)
+            await asyncio.to_thread(self._uids.release, uid)
             raise
         self.family_join(uid)
         sandbox = LocalSandbox(

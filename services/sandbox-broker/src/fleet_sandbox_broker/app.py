@@ -6,9 +6,10 @@ from fleet_mesh import service
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.store import EventStore
+from fleet_sandbox_broker.broker import Broker
 from fleet_sandbox_broker.config import BrokerSettings
 from fleet_sandbox_broker.providers.local import LocalProvider, LocalSettings
-from fleet_sandbox_broker.subscribers import Broker
+from fleet_sandbox_broker.subscribers import Routes
 
 
 async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = None) -> Broker:
@@ -30,7 +31,8 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
     config = await RuntimeConfig.open(ctx.js)
     sessions = EventStore(ctx.js, streams.SESSIONS, Codec(blobs))
     broker = Broker(ctx, provider, store, blobs, settings, config, sessions)
-    await broker.start()
+    await Routes(ctx, broker, settings.max_request_bytes).start()
+    broker.start()
     ctx.on_stop.append(broker.close)
     ctx.ping_details = lambda: {"sandboxes": len(broker.held), "warm": broker.pool.ready}
     return broker

@@ -1,9 +1,10 @@
-"""The broker's bus API: thin adapters from requests to the provider, the log and replies.
+"""The broker's bus API: routes, idempotence and error codes; the work is in `broker.py`.
 
-Routing across replicas: `create` and `list` are served in the queue group (any replica);
-a sandbox's processes live in the replica that created it, which alone subscribes to
-`fleet.rpc.sandbox-broker.sandbox.<id>.*`. A request for a sandbox whose replica is gone gets
-"no responders" from NATS, which the caller reports as the sandbox being unreachable.
+Routing across replicas: `create`, `list`, `resume` and the volume verbs are served in the
+queue group (any replica); a sandbox's processes live in the replica that created it, which
+alone subscribes to `fleet.rpc.sandbox-broker.sandbox.<id>.*`. A request for a sandbox whose
+replica is gone gets "no responders" from NATS, which the caller reports as the sandbox being
+unreachable.
 
 Every request carries a `request_id`; answers are remembered (and concurrent duplicates
 joined), so a retry gets the original answer and never runs twice.
@@ -11,85 +12,65 @@ joined), so a retry gets the original answer and never runs twice.
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
-
-from fleet_events import run as run_events
 from fleet_events import sandbox as sb
-from fleet_events import session as session_events
-from fleet_events import subjects
-from fleet_events.codec import BlobStore, sha256_hex
-from fleet_events.envelope import Envelope, Event, new_id, utc_now
 from fleet_events.ids import InvalidId, check_id
 from fleet_mesh import rpc
-from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.service import ServiceContext
-from fleet_mesh.store import AppendConflict, EventStore, Head
-from fleet_sandbox_broker import domain, snapshot
-from fleet_sandbox_broker.config import BrokerSettings
-from fleet_sandbox_broker.errors import (
-    ForkFailed,
-    SandboxError,
-    SandboxNotFound,
-    SandboxStopped,
-    TooLarge,
-)
-from fleet_sandbox_broker.pool import WarmPool
-from fleet_sandbox_broker.providers.local import LocalProvider, LocalSandbox
-from fleet_sandbox_broker.volumes import Volumes, child_subpath
+from fleet_sandbox_broker.broker import Broker, Held
+from fleet_sandbox_broker.errors import SandboxError
 
 R = TypeVar("R")
 
 
-@dataclass
-class Held:
-    """A sandbox this replica holds."""
-
-    tenant: str
-    box: LocalSandbox
-    labels: dict[str, str]
-    parent: str | None = None
-    spec: domain.Spec = field(default_factory=domain.Spec)
-    interpreters: dict[str, str | None] = field(default_factory=dict)
-    children: set[str] = field(default_factory=set)
-    served: list[rpc.Served] = field(default_factory=list)
-
-
-class Broker:
-    def __init__(
-        self,
-        ctx: ServiceContext,
-        provider: LocalProvider,
-        store: EventStore,
-        blobs: BlobStore,
-        settings: BrokerSettings,
-        config: RuntimeConfig,
-        sessions: EventStore | None = None,
-    ) -> None:
+class Routes:
+    def __init__(self, ctx: ServiceContext, broker: Broker, max_request_bytes: int) -> None:
         self.ctx = ctx
-        self.provider = provider
-        self.store = store
-        self.blobs = blobs
-        self.settings = settings
-        self.config = config
-        self.volumes = Volumes(settings.volumes)
-        self.sessions: EventStore | None = sessions
-        self.pool = WarmPool(provider, settings.pool_size, settings.default_limits())
-        self.held: dict[str, Held] = {}
-        self._heads: dict[str, Head] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._reconciling: asyncio.Task[None] | None = None
+        self.broker = broker
+        self.max_request_bytes = max_request_bytes
         # Answers kept for retries. Execution replies can be megabytes (output, values), so
         # they get a small cache of their own: a retry is expected within seconds, not hours.
         self._answers = rpc.ReplyCache(capacity=4096)
         self._exec_answers = rpc.ReplyCache(capacity=64)
         self._running: dict[str, asyncio.Future[Any]] = {}
+        broker.on_adopt = self.serve_sandbox
+        broker.on_release = self.release
 
-    # -- plumbing ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        b = self.broker
+        for verb, kind, handler in (
+            ("create", sb.CreateSandbox, b.create),
+            ("list", sb.ListSandboxes, b.list),
+            ("resume", sb.ResumeSandbox, b.resume),
+            ("volume_list", sb.ListVolume, b.volume_list),
+            ("volume_read", sb.ReadVolumeFile, b.volume_read),
+        ):
+            self.ctx.served.append(
+                await self._serve(sb.broker_rpc(verb), kind, handler, self.ctx.name)
+            )
+
+    async def serve_sandbox(self, held: Held) -> None:
+        """Subscribe this replica (alone) to one sandbox's subjects."""
+        b = self.broker
+        routes: list[tuple[str, type[Any], Any]] = [
+            ("fork", sb.ForkSandbox, b.fork),
+            ("build_child", sb.BuildChild, b.build_child),
+            ("open", sb.OpenContext, b.open_context),
+            ("close", sb.CloseContext, b.close_context),
+            ("exec", sb.Execute, b.execute),
+            ("put", sb.PutFile, b.put_file),
+            ("read", sb.GetFile, b.get_file),
+            ("info", sb.GetSandbox, b.get),
+            ("delete", sb.DeleteSandbox, b.delete),
+        ]
+        for verb, kind, handler in routes:
+            subject = sb.sandbox_rpc(held.box.id, verb)
+            held.served.append(await self._serve(subject, kind, handler, ""))
+
+    async def release(self, held: Held) -> None:
+        for served in held.served:
+            await served.stop(grace=0)
 
     async def _serve(self, subject: str, kind: type[Any], handler: Any, queue: str) -> rpc.Served:
         async def guarded(request: Any) -> Any:
@@ -103,9 +84,8 @@ class Broker:
                 raise rpc.RpcError(exc.code, exc.message) from exc
 
         return await rpc.serve(
-            self.ctx.nc, subject, kind, guarded, queue=queue,
-            max_bytes=self.settings.max_request_bytes,
-        )  # fmt: skip
+            self.ctx.nc, subject, kind, guarded, queue=queue, max_bytes=self.max_request_bytes
+        )
 
     async def _once(
         self, request_id: str, work: Callable[[], Awaitable[R]], *, big: bool = False
@@ -130,478 +110,3 @@ class Broker:
         future.set_result(answer)
         answers.put(request_id, answer)
         return answer
-
-    async def _append(
-        self, tenant: str, sandbox: str, event: Event, labels: dict[str, str]
-    ) -> None:
-        subject = sb.sandbox_subject(tenant, sandbox)
-        envelope: Envelope[Event] = Envelope(
-            id=new_id(), tenant=tenant, actor=self.ctx.actor, ts=utc_now(), data=event,
-            session=labels.get("session"), run=labels.get("run"),
-        )  # fmt: skip
-        # One writer per sandbox subject (this replica), appends serialised per subject; a
-        # stale cached head (say, after a restart) is re-read once.
-        async with self._locks.setdefault(subject, asyncio.Lock()):
-            try:
-                appended = await self.store.append(
-                    subject, envelope, expect=self._heads.get(subject)
-                )
-            except AppendConflict:
-                appended = await self.store.append(subject, envelope)
-            self._heads[subject] = appended.head
-
-    def _get(self, tenant: str, sandbox: str) -> Held:
-        held = self.held.get(sandbox)
-        if held is None or held.tenant != tenant:
-            raise SandboxNotFound(f"no sandbox {sandbox!r} for tenant {tenant!r} on this replica")
-        return held
-
-    def _info(self, sandbox: str, held: Held) -> sb.SandboxInfo:
-        box = held.box
-        return sb.SandboxInfo(
-            sandbox=sandbox, tenant=held.tenant, provider=self.provider.name,
-            replica=self.ctx.replica, status="running" if box.running else "stopped",
-            workspace=str(box.workspace), parent=held.parent, labels=held.labels,
-            contexts=sorted(box.contexts), stopped_reason=box.stopped_reason, pid=box.pid,
-            uid=box.uid, capabilities=self.provider.capabilities, volume=held.spec.volume,
-            volume_subpath=held.spec.volume_subpath, repo_url=held.spec.repo_url,
-            ref=held.spec.ref, context_paths=list(held.spec.context_paths),
-        )  # fmt: skip
-
-    # -- start -------------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        queue = self.ctx.name
-        self.ctx.served.append(
-            await self._serve(sb.broker_rpc("create"), sb.CreateSandbox, self.create, queue)
-        )
-        self._reconciling = asyncio.create_task(self._reconcile_until_done())
-        for verb, kind, handler in (
-            ("list", sb.ListSandboxes, self.list),
-            ("resume", sb.ResumeSandbox, self.resume),
-            ("volume_list", sb.ListVolume, self.volume_list),
-            ("volume_read", sb.ReadVolumeFile, self.volume_read),
-        ):
-            self.ctx.served.append(await self._serve(sb.broker_rpc(verb), kind, handler, queue))
-        self.pool.start()
-
-    async def _adopt(self, tenant: str, box: LocalSandbox, labels: dict[str, str],
-                     parent: str | None, spec: domain.Spec | None = None) -> Held:  # fmt: skip
-        held = Held(tenant, box, labels, parent, spec or domain.Spec())
-        self.held[box.id] = held
-        box.on_stop.append(lambda stopped: self._on_stop(stopped, held))
-        routes: list[tuple[str, type[Any], Any]] = [
-            ("fork", sb.ForkSandbox, self.fork),
-            ("build_child", sb.BuildChild, self.build_child),
-            ("open", sb.OpenContext, self.open_context),
-            ("close", sb.CloseContext, self.close_context),
-            ("exec", sb.Execute, self.execute),
-            ("put", sb.PutFile, self.put_file),
-            ("read", sb.GetFile, self.get_file),
-            ("info", sb.GetSandbox, self.get),
-            ("delete", sb.DeleteSandbox, self.delete),
-        ]
-        for verb, kind, handler in routes:
-            held.served.append(await self._serve(sb.sandbox_rpc(box.id, verb), kind,
-                                                        handler, ""))  # fmt: skip
-        return held
-
-    async def _on_stop(self, box: LocalSandbox, held: Held) -> None:
-        limit = box.stopped_limit
-        if limit in (None, "exited") and box.stopped_reason in ("deleted", "replaced"):
-            return
-        assert limit is not None
-        event = sb.LimitExceeded(
-            sandbox=box.id,
-            limit=limit,  # type: ignore[arg-type]
-            detail=box.stopped_reason or "",
-        )
-        try:
-            await self._append(held.tenant, box.id, event, held.labels)
-        except Exception:
-            self.ctx.log.exception("could not record a sandbox stop", extra={"sandbox": box.id})
-
-    # -- verbs -------------------------------------------------------------------------------
-
-    async def create(self, req: sb.CreateSandbox) -> sb.SandboxInfo:
-        spec = domain.Spec(
-            req.volume, req.volume_subpath, req.repo_url, req.ref, tuple(req.context_paths),
-            req.local_checkout,
-        )  # fmt: skip
-        files = {path: await self.blobs.get(req.tenant, ref.sha256)
-                 for path, ref in req.context_files.items()}  # fmt: skip
-        held = await self._start(
-            req.tenant, dict(req.labels), req.limits, spec, fork_ready=req.fork_ready, files=files
-        )
-        return self._info(held.box.id, held)
-
-    async def _start(
-        self,
-        tenant: str,
-        labels: dict[str, str],
-        limits: sb.Limits | None,
-        spec: domain.Spec,
-        *,
-        fork_ready: bool = True,
-        files: dict[str, bytes] | None = None,
-        sandbox: str | None = None,
-        parent: str | None = None,
-    ) -> Held:
-        """A clean sandbox: from the warm pool when nothing about it is special."""
-        box = None
-        plain = spec.volume is None and spec.repo_url is None and limits is None
-        if plain and fork_ready and sandbox is None:
-            box = self.pool.take()
-        limits = limits or self.settings.default_limits()
-        if box is None:
-            mounts: dict[str, Path] = {}
-            if spec.volume is not None:
-                path = self.volumes.directory(tenant, spec.volume, spec.volume_subpath)
-                await asyncio.to_thread(path.mkdir, 0o700, True, True)
-                mounts["volume"] = path
-            box = await self.provider.create(
-                sandbox or new_id(), limits, fork_ready=fork_ready, mounts=mounts
-            )
-        try:
-            if spec.volume is not None:
-                await asyncio.to_thread(
-                    self.volumes.ensure, tenant, spec.volume, spec.volume_subpath, box.uid
-                )
-            if spec.repo_url is not None:
-                await self.provider.clone_repo(
-                    box, spec.repo_url, spec.ref, allow_local=self.settings.allow_local_repos
-                )
-            for name, data in (files or {}).items():
-                await box.write_file(name, data)
-        except BaseException:
-            await box.destroy()
-            raise
-        held = await self._adopt(tenant, box, labels, parent, spec)
-        await self._append(tenant, box.id, sb.SandboxCreated(
-            sandbox=box.id, provider=self.provider.name, replica=self.ctx.replica,
-            workspace=str(box.workspace), labels=labels, limits=box.limits, volume=spec.volume,
-            volume_subpath=spec.volume_subpath, repo_url=spec.repo_url, ref=spec.ref,
-            context_paths=list(spec.context_paths), local_checkout=spec.local_checkout,
-        ), labels)  # fmt: skip
-        return held
-
-    async def fork(self, req: sb.ForkSandbox) -> sb.SandboxInfo:
-        parent = self._get(req.tenant, req.sandbox)
-        held = await self._fork(parent, {**parent.labels, **req.labels})
-        return self._info(held.box.id, held)
-
-    async def _fork(self, parent: Held, labels: dict[str, str]) -> Held:
-        child_id = new_id()
-        box = await self.provider.fork(parent.box, child_id)
-        labels = {**labels, "parent": parent.box.id}
-        held = await self._adopt(parent.tenant, box, labels, parent.box.id)
-        held.interpreters = dict.fromkeys(parent.interpreters)
-        parent.children.add(child_id)
-        await self._append(parent.tenant, child_id, sb.SandboxForked(
-            sandbox=child_id, parent=parent.box.id, provider=self.provider.name,
-            replica=self.ctx.replica, workspace=str(box.workspace), labels=labels,
-            limits=box.limits,
-        ), labels)  # fmt: skip
-        return held
-
-    async def build_child(self, req: sb.BuildChild) -> sb.ChildSandbox:
-        """The isolation policy, one code path for every child (docs/sandboxes.md)."""
-        parent = self._get(req.tenant, req.sandbox)
-        mode = await self.config.get("rlm_child_isolation_mode", tenant=req.tenant)
-        fallback = await self.config.get("rlm_child_fork_fallback", tenant=req.tenant)
-        policy = domain.ChildPolicy(mode=mode, fallback=fallback)  # type: ignore[arg-type]
-        facts = domain.ParentFacts(
-            has_volume=parent.spec.volume is not None,
-            provider_can_fork=self.provider.capabilities.fork,
-        )
-        plan = domain.decide_child(policy, facts)
-        labels = {**parent.labels, "role": "child", "parent": parent.box.id, **req.labels}
-        child: Held | None = None
-        context = req.context
-        if plan.branch == "fork":
-            try:
-                child = await self._fork(parent, labels)
-            except (ForkFailed, SandboxStopped) as exc:
-                plan = domain.after_fork_failure(policy, exc.message)
-        if plan.branch in ("clean_volume", "clean_fallback"):
-            child, context = await self._clean_child(parent, labels), new_id()
-        elif plan.branch == "context":
-            context = new_id()
-        decided = sb.ChildIsolationDecided(
-            parent=parent.box.id, child=None if plan.branch == "refused" else
-            (child.box.id if child else parent.box.id), mode=policy.mode, branch=plan.branch,
-            reason=plan.reason, context=context,
-        )  # fmt: skip
-        await self._append(req.tenant, parent.box.id, decided, parent.labels)
-        if plan.branch == "refused":
-            raise ForkFailed(f"no sandbox for the child: {plan.reason}")
-        target = child or parent
-        return sb.ChildSandbox(
-            sandbox=target.box.id, context=context, branch=plan.branch, reason=plan.reason,
-            workspace=str(target.box.workspace), context_paths=list(target.spec.context_paths),
-            volume_subpath=target.spec.volume_subpath,
-        )  # fmt: skip
-
-    async def _clean_child(self, parent: Held, labels: dict[str, str]) -> Held:
-        spec, child_id = parent.spec, new_id()
-        paths = list(spec.context_paths)
-        files: dict[str, bytes] = {}
-        if spec.local_checkout and spec.repo_url is None:
-            text = await asyncio.to_thread(
-                snapshot.build, parent.box.workspace, paths,
-                max_bytes=self.settings.snapshot_max_bytes,
-                file_bytes=self.settings.snapshot_file_bytes,
-            )  # fmt: skip
-            files[snapshot.SNAPSHOT_PATH] = text.encode()
-            paths.append(snapshot.SNAPSHOT_PATH)
-        child_spec = domain.Spec(
-            volume=spec.volume,
-            volume_subpath=child_subpath(spec.volume_subpath, child_id) if spec.volume else None,
-            repo_url=spec.repo_url, ref=spec.ref, context_paths=tuple(paths),
-        )  # fmt: skip
-        # default limits and nothing special: the warm pool can serve the child
-        limits = None if parent.box.limits == self.settings.default_limits() else parent.box.limits
-        held = await self._start(
-            parent.tenant, labels, limits, child_spec, files=files,
-            sandbox=child_id if spec.volume else None, parent=parent.box.id,
-        )  # fmt: skip
-        parent.children.add(held.box.id)
-        return held
-
-    async def open_context(self, req: sb.OpenContext) -> sb.Ack:
-        held = self._get(req.tenant, req.sandbox)
-        check_id("context", req.context)
-        if req.interpreter is not None:
-            check_id("interpreter", req.interpreter)
-        await held.box.open_context(req.context)
-        held.interpreters[req.context] = req.interpreter
-        await self._append(req.tenant, req.sandbox, sb.ContextOpened(
-            sandbox=req.sandbox, context=req.context, interpreter=req.interpreter
-        ), held.labels)  # fmt: skip
-        return sb.Ack()
-
-    async def close_context(self, req: sb.CloseContext) -> sb.Ack:
-        held = self._get(req.tenant, req.sandbox)
-        if held.interpreters.pop(req.context, "absent") == "absent":
-            return sb.Ack(ok=False)
-        await held.box.close_context(req.context)
-        await self._append(req.tenant, req.sandbox, sb.ContextClosed(
-            sandbox=req.sandbox, context=req.context
-        ), held.labels)  # fmt: skip
-        return sb.Ack()
-
-    async def execute(self, req: sb.Execute) -> sb.ExecuteReply:
-        held = self._get(req.tenant, req.sandbox)
-        if req.context not in held.interpreters:
-            raise SandboxNotFound(f"no open context {req.context!r} in sandbox {req.sandbox!r}")
-        interpreter = held.interpreters[req.context]
-        limit = held.box.limits.wall_s
-        wall = limit if req.wall_s is None else min(req.wall_s, limit)
-        try:
-            return await held.box.execute(
-                context=req.context, code=req.code, variables=req.variables, blobs=req.blobs,
-                tools=req.tools, output_fields=req.output_fields, wall_s=wall,
-                relay=self._relay_to(interpreter, req.callback_timeout_s),
-            )  # fmt: skip
-        except SandboxStopped as exc:
-            return sb.ExecuteReply(kind="terminal", error=exc.message)
-
-    def _relay_to(self, interpreter: str | None, timeout: float) -> Any:
-        async def relay(call: sb.ToolCall) -> sb.ToolReply:
-            if interpreter is None:
-                return sb.ToolReply(ok=False, error="this context has no interpreter for tools")
-            try:
-                return await rpc.call(
-                    self.ctx.nc, subjects.callback(interpreter), call, sb.ToolReply,
-                    timeout=timeout,
-                )  # fmt: skip
-            except (TimeoutError, NatsTimeout):
-                return sb.ToolReply(
-                    ok=False, error=f"host tool {call.name!r} did not answer within {timeout:g} s"
-                )
-            except NoRespondersError:
-                return sb.ToolReply(ok=False, error="the interpreter owning this context is gone")
-            except rpc.RemoteError as exc:
-                return sb.ToolReply(ok=False, error=exc.message)
-
-        return relay
-
-    async def put_file(self, req: sb.PutFile) -> sb.FileInfo:
-        held = self._get(req.tenant, req.sandbox)
-        if req.blob is not None:
-            data = await self.blobs.get(req.tenant, req.blob.sha256)
-        elif req.data is not None:
-            data = req.data
-        else:
-            raise rpc.BadRequest("put needs `data` or `blob`")
-        await held.box.write_file(req.path, data)
-        return sb.FileInfo(path=req.path, size=len(data), sha256=sha256_hex(data))
-
-    async def get_file(self, req: sb.GetFile) -> sb.FileContent:
-        held = self._get(req.tenant, req.sandbox)
-        data = await held.box.read_file(req.path, req.max_bytes)
-        digest = sha256_hex(data)
-        if req.via_blob:
-            ref = await self.blobs.put(req.tenant, data)
-            return sb.FileContent(path=req.path, size=len(data), sha256=digest, blob=ref)
-        if len(data) > self.settings.max_request_bytes - 4096:
-            raise TooLarge(f"{req.path!r} is {len(data)} bytes: ask with via_blob=true")
-        return sb.FileContent(path=req.path, size=len(data), sha256=digest, data=data)
-
-    async def get(self, req: sb.GetSandbox) -> sb.SandboxInfo:
-        return self._info(req.sandbox, self._get(req.tenant, req.sandbox))
-
-    async def delete(self, req: sb.DeleteSandbox) -> sb.Ack:
-        await self._delete(self._get(req.tenant, req.sandbox), req.reason)
-        return sb.Ack()
-
-    async def _delete(self, held: Held, reason: str) -> None:
-        box = held.box
-        for child in sorted(held.children):
-            if child in self.held:
-                await self._delete(self.held[child], f"parent {box.id} deleted")
-        await box.destroy()
-        for served in held.served:
-            await served.stop(grace=0)
-        self.held.pop(box.id, None)
-        if held.parent in self.held:
-            self.held[held.parent].children.discard(box.id)
-        await self._append(held.tenant, box.id, sb.SandboxDeleted(sandbox=box.id, reason=reason),
-                           held.labels)  # fmt: skip
-
-    async def list(self, req: sb.ListSandboxes) -> sb.SandboxList:
-        views: dict[str, domain.SandboxView] = {}
-        async for stored in self.store.replay(sb.tenant_filter(req.tenant)):
-            domain.evolve(views, req.tenant, stored.envelope.data)
-        items = [
-            sb.SandboxInfo(
-                sandbox=v.sandbox,
-                tenant=v.tenant,
-                provider=v.provider,
-                replica=v.replica,
-                status=v.status,
-                workspace=v.workspace,
-                parent=v.parent,
-                labels=v.labels,
-                contexts=list(v.contexts),
-                stopped_reason=v.stopped_reason,
-            )
-            for v in views.values()
-            if v.status != "deleted"
-            and (req.session is None or v.labels.get("session") == req.session)
-        ]
-        return sb.SandboxList(items=items)
-
-    async def _views(self, filter_subject: str) -> dict[str, domain.SandboxView]:
-        views: dict[str, domain.SandboxView] = {}
-        async for stored in self.store.replay(filter_subject):
-            domain.evolve(views, stored.envelope.tenant, stored.envelope.data)
-        return views
-
-    async def resume(self, req: sb.ResumeSandbox) -> sb.SandboxInfo:
-        """The session's sandbox if some replica holds it running; else a replacement on the
-        same volume and subpath (REPL memory lost, files on the volume kept)."""
-        ask = sb.GetSandbox(request_id=new_id(), tenant=req.tenant, sandbox=req.sandbox)
-        try:
-            info = await rpc.call(
-                self.ctx.nc, sb.sandbox_rpc(req.sandbox, "info"), ask, sb.SandboxInfo, timeout=5
-            )
-            if info.status == "running":
-                return info
-            reason = f"its sandbox {req.sandbox} was stopped: {info.stopped_reason}"
-        except (NoRespondersError, TimeoutError, NatsTimeout):
-            reason = f"its sandbox {req.sandbox} is gone (no broker holds it)"
-        except rpc.RemoteError as exc:
-            raise SandboxNotFound(exc.message) from exc
-        view = (await self._views(sb.sandbox_subject(req.tenant, req.sandbox))).get(req.sandbox)
-        if view is None or view.status == "deleted":
-            raise SandboxNotFound(f"no live sandbox {req.sandbox!r} for tenant {req.tenant!r}")
-        if req.sandbox in self.held:
-            await self._delete(self.held[req.sandbox], "replaced")
-        held = await self._start(req.tenant, dict(view.labels), view.limits, view.spec)
-        await self._append(req.tenant, held.box.id, sb.SandboxReplaced(
-            sandbox=held.box.id, replaced=req.sandbox,
-            reason=f"{reason}; REPL memory is lost, files on the volume are kept",
-        ), held.labels)  # fmt: skip
-        return self._info(held.box.id, held)
-
-    async def volume_list(self, req: sb.ListVolume) -> sb.VolumeListing:
-        return await asyncio.to_thread(
-            self.volumes.listing, req.tenant, req.volume, req.path, min(req.max_entries, 10_000)
-        )
-
-    async def volume_read(self, req: sb.ReadVolumeFile) -> sb.FileContent:
-        cap = min(req.max_bytes, self.settings.max_request_bytes - 4096)
-        data = await asyncio.to_thread(self.volumes.read, req.tenant, req.volume, req.path, cap)
-        return sb.FileContent(path=req.path, size=len(data), sha256=sha256_hex(data), data=data)
-
-    async def _reconcile_until_done(self) -> None:
-        """Reconcile in the background: a slow or briefly unavailable store must not keep the
-        broker from answering; failures are retried with backoff."""
-        for attempt in range(8):
-            try:
-                await self.reconcile()
-                return
-            except Exception:
-                self.ctx.log.exception("reconcile failed", extra={"attempt": attempt})
-                await asyncio.sleep(min(30.0, 0.5 * 2**attempt))
-
-    async def reconcile(self) -> None:
-        """After a restart: reap this replica's children, run its session sandboxes again."""
-        views = await self._views("fleet.sandbox.>")
-        mine = [v for v in views.values() if v.replica == self.ctx.replica
-                and v.status != "deleted"]  # fmt: skip
-        for view in sorted(mine, key=lambda v: v.parent is None):
-            if domain.to_reap(view, await self._run_finished(view)):
-                await self.provider.remove_dir(self.provider.settings.root / view.sandbox)
-                await self._append(view.tenant, view.sandbox, sb.SandboxDeleted(
-                    sandbox=view.sandbox, reason="reaped: its broker restarted, and a child "
-                    "never outlives its task",
-                ), view.labels)  # fmt: skip
-                continue
-            try:
-                await self._revive(view)
-            except Exception:
-                self.ctx.log.exception(
-                    "could not revive a sandbox", extra={"sandbox": view.sandbox}
-                )
-
-    async def _run_finished(self, view: domain.SandboxView) -> bool:
-        """Whether the run named in the sandbox's labels has ended, by its run subject."""
-        session, run = view.labels.get("session"), view.labels.get("run")
-        if not session or not run or self.sessions is None:
-            return False
-        try:
-            last = await self.sessions.last(session_events.run_subject(view.tenant, session, run))
-        except Exception:  # an unreadable or foreign run: keep the sandbox, never guess
-            self.ctx.log.exception("cannot read a run", extra={"run": run})
-            return False
-        return last is not None and isinstance(
-            last.envelope.data, run_events.RunCompleted | run_events.RunFailed
-        )
-
-    async def _revive(self, view: domain.SandboxView) -> None:
-        mounts: dict[str, Path] = {}
-        if view.spec.volume is not None:
-            mounts["volume"] = self.volumes.directory(
-                view.tenant, view.spec.volume, view.spec.volume_subpath
-            )
-        box = await self.provider.create(view.sandbox, view.limits, mounts=mounts, revive=True)
-        if view.spec.volume is not None:
-            await asyncio.to_thread(
-                self.volumes.ensure, view.tenant, view.spec.volume, view.spec.volume_subpath,
-                box.uid,
-            )  # fmt: skip
-        held = await self._adopt(view.tenant, box, dict(view.labels), None, view.spec)
-        await self._append(view.tenant, view.sandbox, sb.SandboxReplaced(
-            sandbox=view.sandbox, replaced=view.sandbox,
-            reason="its broker restarted: the sandbox runs again on the same workspace; REPL "
-            "memory was lost, files were kept",
-        ), held.labels)  # fmt: skip
-
-    async def close(self) -> None:
-        if self._reconciling is not None:
-            self._reconciling.cancel()
-        await self.pool.close()
-        for held in list(self.held.values()):
-            await held.box.stop("the broker stopped", "exited")

@@ -6,22 +6,22 @@ from pathlib import Path
 import pytest
 
 from fleet_sandbox_broker.errors import PathRefused, TooLarge
-from fleet_sandbox_broker.providers.local import _read_in, _write_in
+from fleet_sandbox_broker.providers.files import read_in, write_in
 
 UID = os.getuid()
 
 
 def test_write_then_read_creates_directories(tmp_path: Path) -> None:
-    _write_in(tmp_path, "a/b/c.txt", b"hello", UID)
-    assert _read_in(tmp_path, "a/b/c.txt", 100) == b"hello"
+    write_in(tmp_path, "a/b/c.txt", b"hello", UID)
+    assert read_in(tmp_path, "a/b/c.txt", 100) == b"hello"
 
 
 @pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../x", "", "."])
 def test_paths_leaving_the_workspace_are_refused(tmp_path: Path, path: str) -> None:
     with pytest.raises(PathRefused):
-        _read_in(tmp_path, path, 100)
+        read_in(tmp_path, path, 100)
     with pytest.raises(PathRefused):
-        _write_in(tmp_path, path, b"x", UID)
+        write_in(tmp_path, path, b"x", UID)
 
 
 def test_links_are_never_followed(tmp_path: Path) -> None:
@@ -32,9 +32,9 @@ def test_links_are_never_followed(tmp_path: Path) -> None:
     (tmp_path / "dir-link").symlink_to(outside)
     for path in ("file-link", "dir-link/secret"):
         with pytest.raises(PathRefused, match="link"):
-            _read_in(tmp_path, path, 100)
+            read_in(tmp_path, path, 100)
     with pytest.raises(PathRefused, match="link"):
-        _write_in(tmp_path, "dir-link/new", b"x", UID)
+        write_in(tmp_path, "dir-link/new", b"x", UID)
     assert (outside / "secret").read_text() == "s"
     assert not (outside / "new").exists()
 
@@ -42,4 +42,4 @@ def test_links_are_never_followed(tmp_path: Path) -> None:
 def test_reads_over_the_cap_are_refused(tmp_path: Path) -> None:
     (tmp_path / "big").write_bytes(b"x" * 101)
     with pytest.raises(TooLarge, match="101 bytes, over the 100-byte read limit"):
-        _read_in(tmp_path, "big", 100)
+        read_in(tmp_path, "big", 100)

@@ -14,7 +14,7 @@ from typing import Literal
 from fleet_events.ids import InvalidId, check_id
 from fleet_events.sandbox import VolumeEntry, VolumeListing
 from fleet_sandbox_broker.errors import PathRefused
-from fleet_sandbox_broker.providers.local import _open_dir, _read_in
+from fleet_sandbox_broker.providers.files import open_dir, read_in
 
 
 def check_subpath(subpath: str | None) -> list[str]:
@@ -55,7 +55,7 @@ class Volumes:
         if ".." in parts or path.startswith("/"):
             raise PathRefused(f"path {path!r} is refused: give a relative path inside the volume")
         try:
-            fd = _open_dir(base, parts, None)
+            fd = open_dir(base, parts, None)
         except FileNotFoundError as exc:
             raise PathRefused(f"no directory {path!r} in volume {volume!r}") from exc
         entries = []
@@ -74,4 +74,4 @@ class Volumes:
         return VolumeListing(path=path, entries=entries, truncated=len(names) > max_entries)
 
     def read(self, tenant: str, volume: str, path: str, max_bytes: int) -> bytes:
-        return _read_in(self.directory(tenant, volume), path, max_bytes)
+        return read_in(self.directory(tenant, volume), path, max_bytes)

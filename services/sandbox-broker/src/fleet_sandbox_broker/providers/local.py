@@ -19,17 +19,13 @@ Launch (the broker runs as root; see docs/sandboxes.md):
 
 import asyncio
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,14 +36,14 @@ from fleet_sandbox_broker.domain import Stopwatch
 from fleet_sandbox_broker.errors import (
     BadSpec,
     ForkFailed,
-    PathRefused,
     ProtocolViolation,
-    SandboxError,
     SandboxStopped,
     TooLarge,
 )
 from fleet_sandbox_broker.providers import frames
 from fleet_sandbox_broker.providers.base import ToolRelay
+from fleet_sandbox_broker.providers.files import read_in, write_in
+from fleet_sandbox_broker.providers.uids import UidPool, chown_tree
 
 log = logging.getLogger("fleet.sandbox.local")
 
@@ -105,75 +101,6 @@ class LocalSettings:
     # host directories replaced by an empty read-only tmpfs inside every sandbox (world-readable
     # is not the same as public: project checkouts, service state, sockets under /run)
     hide: tuple[str, ...] = HIDE
-
-
-class UidPool:
-    """A uid per fork family. A claim is a held flock, so a dead broker's uids free themselves."""
-
-    def __init__(self, directory: Path, base: int, count: int) -> None:
-        self._dir = directory
-        self._base = base
-        self._count = count
-        self._held: dict[int, int] = {}
-        self._next = 0
-        self._lock = threading.Lock()  # claims and releases run in worker threads
-
-    def claim(self) -> int:
-        with self._lock:
-            return self._claim()
-
-    def _claim(self) -> int:
-        for _ in range(self._count):
-            uid = self._base + self._next
-            self._next = (self._next + 1) % self._count
-            if uid in self._held:
-                continue
-            fd = os.open(self._dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self._held[uid] = fd
-            sweep_uid(uid)  # strays from a broker that died holding this uid
-            return uid
-        raise SandboxError(f"all {self._count} sandbox uids are in use")
-
-    def release(self, uid: int) -> None:
-        with self._lock:
-            fd = self._held.pop(uid, None)
-        if fd is not None:
-            sweep_uid(uid)
-            os.close(fd)
-
-
-def sweep_uid(uid: int) -> None:
-    """SIGKILL every process of `uid` (kill(-1) as that uid reaches exactly those)."""
-    subprocess.run(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "kill", "-9", "-1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=False,
-        timeout=10,
-    )
-
-
-def chown_tree(path: Path, uid: int) -> None:
-    """Give a tree to `uid` without following links (a revived sandbox gets a new uid)."""
-    os.chown(path, uid, uid, follow_symlinks=False)
-    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
-        for name in (*dirnames, *filenames):
-            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
-
-
-def processes_of(uid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    found.append(int(entry))
-    return found
 
 
 @dataclass
@@ -498,10 +425,10 @@ class LocalSandbox:
     # -- files -------------------------------------------------------------------------------
 
     async def write_file(self, path: str, data: bytes) -> None:
-        await asyncio.to_thread(_write_in, self.workspace, path, data, self.uid)
+        await asyncio.to_thread(write_in, self.workspace, path, data, self.uid)
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
-        return await asyncio.to_thread(_read_in, self.workspace, path, max_bytes)
+        return await asyncio.to_thread(read_in, self.workspace, path, max_bytes)
 
     # -- ending ------------------------------------------------------------------------------
 
@@ -587,89 +514,6 @@ def _env_for(directory: Path) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "MALLOC_ARENA_MAX": "2",
     }
-
-
-# -- files inside a workspace, never following a link out of it -------------------------------
-
-
-def _components(path: str) -> list[str]:
-    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
-    if not parts or path.startswith("/") or ".." in parts:
-        raise PathRefused(
-            f"path {path!r} is refused: give a relative path inside the workspace, without '..'"
-        )
-    return parts
-
-
-def _open_dir(workspace: Path, parts: list[str], create_as: int | None) -> int:
-    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for part in parts:
-            try:
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                if create_as is None:
-                    raise
-                os.mkdir(part, 0o700, dir_fd=fd)
-                os.chown(part, create_as, create_as, dir_fd=fd, follow_symlinks=False)
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise PathRefused(f"{part!r} is a link or not a directory") from exc
-                raise
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _write_in(workspace: Path, path: str, data: bytes, uid: int) -> None:
-    parts = _components(path)
-    dir_fd = _open_dir(workspace, parts[:-1], uid)
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-        try:
-            fd = os.open(parts[-1], flags, 0o600, dir_fd=dir_fd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise PathRefused(f"{path!r} is a link; links are not followed") from exc
-            raise
-        with os.fdopen(fd, "wb") as out:
-            os.fchown(out.fileno(), uid, uid)
-            out.write(data)
-    finally:
-        os.close(dir_fd)
-
-
-def _read_in(workspace: Path, path: str, max_bytes: int) -> bytes:
-    parts = _components(path)
-    try:
-        dir_fd = _open_dir(workspace, parts[:-1], None)
-    except FileNotFoundError as exc:
-        raise PathRefused(f"no file {path!r} in the workspace") from exc
-    try:
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-        except FileNotFoundError as exc:
-            raise PathRefused(f"no file {path!r} in the workspace") from exc
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise PathRefused(f"{path!r} is a link; links are not followed") from exc
-            raise
-        with os.fdopen(fd, "rb") as src:
-            info = os.fstat(src.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise PathRefused(f"{path!r} is not a regular file")
-            if info.st_size > max_bytes:
-                raise TooLarge(
-                    f"{path!r} is {info.st_size} bytes, over the {max_bytes}-byte read limit; "
-                    "ask for it through the object store (via_blob) or raise max_bytes"
-                )
-            return src.read(max_bytes + 1)[:max_bytes]
-    finally:
-        os.close(dir_fd)
 
 
 class LocalProvider:

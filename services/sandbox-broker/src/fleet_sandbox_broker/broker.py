@@ -27,7 +27,7 @@ from fleet_sandbox_broker import domain, lifecycle, snapshot
 from fleet_sandbox_broker.config import BrokerSettings
 from fleet_sandbox_broker.errors import ForkFailed, SandboxNotFound, SandboxStopped, TooLarge
 from fleet_sandbox_broker.pool import WarmPool
-from fleet_sandbox_broker.providers.local import LocalProvider, LocalSandbox
+from fleet_sandbox_broker.providers.base import Provider, Sandbox
 from fleet_sandbox_broker.volumes import Volumes, child_subpath
 
 
@@ -36,7 +36,7 @@ class Held:
     """A sandbox this replica holds."""
 
     tenant: str
-    box: LocalSandbox
+    box: Sandbox
     labels: dict[str, str]
     parent: str | None = None
     spec: domain.Spec = field(default_factory=domain.Spec)
@@ -49,7 +49,7 @@ class Broker:
     def __init__(
         self,
         ctx: ServiceContext,
-        provider: LocalProvider,
+        provider: Provider,
         store: EventStore,
         blobs: BlobStore,
         settings: BrokerSettings,
@@ -113,7 +113,7 @@ class Broker:
         self._reconciling = asyncio.create_task(lifecycle.reconcile_until_done(self))
         self.pool.start()
 
-    async def adopt(self, tenant: str, box: LocalSandbox, labels: dict[str, str],
+    async def adopt(self, tenant: str, box: Sandbox, labels: dict[str, str],
                      parent: str | None, spec: domain.Spec | None = None) -> Held:  # fmt: skip
         held = Held(tenant, box, labels, parent, spec or domain.Spec())
         self.held[box.id] = held
@@ -122,7 +122,7 @@ class Broker:
             await self.on_adopt(held)
         return held
 
-    async def _on_stop(self, box: LocalSandbox, held: Held) -> None:
+    async def _on_stop(self, box: Sandbox, held: Held) -> None:
         limit = box.stopped_limit
         if limit in (None, "exited") and box.stopped_reason in ("deleted", "replaced"):
             return
@@ -179,7 +179,7 @@ class Broker:
                 sandbox or new_id(), limits, fork_ready=fork_ready, mounts=mounts
             )
         try:
-            if spec.volume is not None:
+            if spec.volume is not None and box.uid is not None:
                 await asyncio.to_thread(
                     self.volumes.ensure, tenant, spec.volume, spec.volume_subpath, box.uid
                 )

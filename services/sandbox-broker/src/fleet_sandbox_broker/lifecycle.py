@@ -39,7 +39,7 @@ async def reconcile(broker: "Broker") -> None:
             and v.status != "deleted"]  # fmt: skip
     for view in sorted(mine, key=lambda v: v.parent is None):
         if domain.to_reap(view, await run_finished(broker, view)):
-            await broker.provider.remove_dir(broker.provider.settings.root / view.sandbox)
+            await broker.provider.discard(view.sandbox)
             await broker.append(view.tenant, view.sandbox, sb.SandboxDeleted(
                 sandbox=view.sandbox, reason="reaped: its broker restarted, and a child "
                 "never outlives its task",
@@ -73,7 +73,7 @@ async def revive(broker: "Broker", view: domain.SandboxView) -> None:
             view.tenant, view.spec.volume, view.spec.volume_subpath
         )
     box = await broker.provider.create(view.sandbox, view.limits, mounts=mounts, revive=True)
-    if view.spec.volume is not None:
+    if view.spec.volume is not None and box.uid is not None:
         await asyncio.to_thread(
             broker.volumes.ensure, view.tenant, view.spec.volume, view.spec.volume_subpath,
             box.uid,

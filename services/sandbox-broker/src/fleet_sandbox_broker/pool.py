@@ -11,17 +11,17 @@ import logging
 
 from fleet_events.envelope import new_id
 from fleet_events.sandbox import Limits
-from fleet_sandbox_broker.providers.local import LocalProvider, LocalSandbox
+from fleet_sandbox_broker.providers.base import Provider, Sandbox
 
 log = logging.getLogger("fleet.sandbox.pool")
 
 
 class WarmPool:
-    def __init__(self, provider: LocalProvider, size: int, limits: Limits) -> None:
+    def __init__(self, provider: Provider, size: int, limits: Limits) -> None:
         self.provider = provider
         self.size = size
         self.limits = limits
-        self._ready: list[LocalSandbox] = []
+        self._ready: list[Sandbox] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.refills = 0
@@ -35,7 +35,7 @@ class WarmPool:
     def ready(self) -> int:
         return len(self._ready)
 
-    def take(self) -> LocalSandbox | None:
+    def take(self) -> Sandbox | None:
         while self._ready:
             box = self._ready.pop()
             self._wake.set()

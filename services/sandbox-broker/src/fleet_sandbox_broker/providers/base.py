@@ -1,5 +1,10 @@
-"""The provider contract. Capabilities are declared, so the isolation policy can be honest
-about what a provider does (a Daytona fork copies files, not REPL memory)."""
+"""The provider contract the broker is written against.
+
+Capabilities are declared, so the isolation policy can be honest about what a provider does
+(a Daytona fork copies files, not REPL memory). `local` implements this today; a provider that
+lacks a verb (say, fork) still implements it and fails with `ForkFailed`, and declares
+`fork=False` so the policy never asks.
+"""
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -11,15 +16,31 @@ ToolRelay = Callable[[ToolCall], Awaitable[ToolReply]]
 
 
 class Sandbox(Protocol):
+    """One started sandbox: a process (or VM) holding named REPL contexts and a workspace."""
+
     id: str
     workspace: Path
     limits: Limits
+    contexts: set[str]
+    # awaited with the sandbox once it has stopped, for whatever reason
+    on_stop: list[Callable[[Any], Awaitable[None]]]
+
+    @property
+    def uid(self) -> int | None: ...
+
+    @property
+    def pid(self) -> int | None: ...
 
     @property
     def running(self) -> bool: ...
 
     @property
     def stopped_reason(self) -> str | None: ...
+
+    @property
+    def stopped_limit(self) -> str | None:
+        """`wall_time`, `cpu_time`, `memory`, `frame_size`, `protocol` or `exited`."""
+        ...
 
     async def open_context(self, context: str) -> None: ...
 
@@ -42,7 +63,7 @@ class Sandbox(Protocol):
 
     async def read_file(self, path: str, max_bytes: int) -> bytes: ...
 
-    async def stop(self, reason: str) -> None: ...
+    async def stop(self, reason: str, limit: str = "exited") -> None: ...
 
     async def destroy(self) -> None: ...
 
@@ -51,11 +72,28 @@ class Provider(Protocol):
     name: str
     capabilities: Capabilities
 
-    async def create(self, sandbox_id: str, limits: Limits, *, fork_ready: bool = True) -> Sandbox:
+    async def create(
+        self,
+        sandbox_id: str,
+        limits: Limits,
+        *,
+        fork_ready: bool = True,
+        mounts: dict[str, Path] | None = None,
+        revive: bool = False,
+    ) -> Sandbox:
         """`fork_ready`: keep a checkpoint after every cell so a fork taken mid-cell still
-        gets the last completed cell (costs a process fork per cell)."""
+        gets the last completed cell. `mounts`: durable directories at workspace-relative
+        paths. `revive`: start again on the files of a sandbox whose process is gone."""
         ...
 
-    async def fork(self, parent: Sandbox, child_id: str) -> Sandbox: ...
+    async def fork(self, parent: Any, child_id: str) -> Sandbox: ...
+
+    async def clone_repo(
+        self, box: Any, url: str, ref: str | None, *, allow_local: bool
+    ) -> None: ...
+
+    async def discard(self, sandbox_id: str) -> None:
+        """Remove what is left of a sandbox whose processes are gone (its files)."""
+        ...
 
     async def close(self) -> None: ...

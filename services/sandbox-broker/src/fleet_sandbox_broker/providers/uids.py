@@ -5,7 +5,6 @@ dead broker's uids free themselves. Claiming and releasing a uid sweep its proce
 `kill(-1)` run as that uid reaches exactly them, strays that left the sandbox's group included.
 """
 
-import contextlib
 import fcntl
 import os
 import subprocess
@@ -72,13 +71,3 @@ def chown_tree(path: Path, uid: int) -> None:
     for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
         for name in (*dirnames, *filenames):
             os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
-
-
-def processes_of(uid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    found.append(int(entry))
-    return found

@@ -114,3 +114,24 @@ async def test_bootstrap_logs_what_it_did_at_info(
         await bootstrap(js)
     (record,) = [r for r in caplog.records if r.getMessage() == "bootstrap done"]
     assert "stream SESSIONS" not in record.made  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+async def test_a_service_stops_promptly_on_sigterm_when_nats_is_already_gone(
+    private_nats: NatsServer, tmp_path: Path
+) -> None:
+    launcher = Launcher(nats_url=private_nats.url, log_dir=tmp_path)
+    (replica,) = launcher.start("quality")
+    nc = await connect(private_nats.url)
+
+    async def ping() -> Pong | None:
+        try:
+            return await rpc.call(nc, subjects.ping("quality"), Ping(), Pong, timeout=0.5)
+        except TimeoutError:
+            return None
+
+    await eventually(ping, timeout=20, what="quality to answer ping")
+    await nc.close()
+    private_nats.kill()
+    assert replica.stop(timeout=20) == 0  # exited by itself: stop() SIGKILLs only after 20 s
+    assert "stopped" in replica.logs()

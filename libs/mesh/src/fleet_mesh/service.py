@@ -115,14 +115,29 @@ async def serve_forever(
     log.info("started", extra={"server": server_address(nc)})
     await stop.wait()
     log.info("stopping")
-    await asyncio.gather(*(served.stop() for served in ctx.served))
+    # Every phase is bounded: with NATS gone (a mesh stopping around us) a drain or an
+    # in-flight reply would otherwise wait for a server that is not coming back.
+    await _bounded(asyncio.gather(*(s.stop() for s in ctx.served)), STOP_GRACE_S, "requests", log)
     for hook in reversed(ctx.on_stop):
-        try:
-            await hook()
-        except Exception:
-            log.exception("stop hook failed")
-    await nc.drain()
+        await _bounded(hook(), STOP_GRACE_S, "a stop hook", log)
+    if nc.is_connected:
+        await _bounded(nc.drain(), DRAIN_S, "the NATS drain", log)
+    if not nc.is_closed:
+        await nc.close()
     log.info("stopped")
+
+
+STOP_GRACE_S = 10.0
+DRAIN_S = 5.0
+
+
+async def _bounded(work: Awaitable[object], seconds: float, what: str, log: logging.Logger) -> None:
+    try:
+        await asyncio.wait_for(work, seconds)
+    except TimeoutError:
+        log.warning(f"{what} did not finish within {seconds}s; stopping anyway")
+    except Exception:
+        log.exception(f"{what} failed while stopping")
 
 
 def run(name: str, setup: Callable[[ServiceContext], Awaitable[None]]) -> None:

@@ -58,6 +58,12 @@ def test_execution_returns_output_value_or_none(interp: RemoteInterpreter) -> No
     assert interp.execute("{'a': [1, 2]}") == {"a": [1, 2]}
 
 
+def test_output_written_below_python_is_captured_too(interp: RemoteInterpreter) -> None:
+    code = "import os, subprocess\nos.write(1, b'raw fd\\n')\n_ = subprocess.run(['echo', 'child'])"
+    assert interp.execute(code) == "raw fd\nchild\n"
+    assert interp.execute("print('next cell')") == "next cell\n"
+
+
 def test_state_persists_between_executions(interp: RemoteInterpreter) -> None:
     interp.execute("import math\ndef area(r):\n    return math.pi * r * r\nn = 3")
     assert interp.execute("n += 1\nround(area(n), 2)") == 50.27

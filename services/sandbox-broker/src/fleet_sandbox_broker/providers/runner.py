@@ -179,6 +179,8 @@ class Runner:
         self.auto_checkpoint = True
         self.dirty = True
         self.wake_r, self.wake_w = self.wake_pipe()
+        self.out_r = self.output_pipe()
+        self.out_lock = threading.Lock()
         self.cells = 0
 
     # -- setup -------------------------------------------------------------------------------
@@ -202,6 +204,31 @@ class Runner:
         self.output_cap = int(msg.get("output_cap", self.output_cap))
         self.max_out = int(msg.get("max_frame", self.max_out))
         self.channel.max_in = int(msg.get("max_in", self.channel.max_in))
+
+    @staticmethod
+    def output_pipe() -> int:
+        """fds 1 and 2 become a pipe this process reads, so output written below Python (a
+        subprocess, os.write, a C extension) reaches the running cell too."""
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        os.close(write)
+        return read
+
+    def drain_output(self, into: Execution | None) -> None:
+        """Move what fds 1/2 hold to `into` (or the latest cell); never blocks."""
+        with self.out_lock:
+            while True:
+                try:
+                    chunk = os.read(self.out_r, 65536)
+                except BlockingIOError:
+                    return
+                if not chunk:
+                    return
+                target = into or self.execution_for_thread()
+                if target is not None:
+                    target.write(chunk.decode(errors="replace"), self.output_cap)
 
     # -- stdout routing ----------------------------------------------------------------------
 
@@ -348,6 +375,7 @@ class Runner:
         if os.getpid() != self.pid:
             os._exit(0)  # a process user code forked must never answer on the channel
         outcome["exec"] = execution.id
+        self.drain_output(execution)
         outcome["stdout"] = execution.out.getvalue()
         if execution.truncated:
             outcome["stdout"] += f"\n[output truncated at {self.output_cap} characters]"
@@ -504,6 +532,8 @@ class Runner:
         self.threads.clear()
         self.pending.clear()
         self.wake_r, self.wake_w = self.wake_pipe()
+        os.close(self.out_r)
+        self.out_r = self.output_pipe()
         self.channel.send({"t": "ready", "pid": os.getpid()})
         self.serve()
 
@@ -561,7 +591,9 @@ class Runner:
     def serve(self) -> None:
         while True:
             sock_fd = self.channel.sock.fileno()
-            readable, _, _ = select.select([sock_fd, self.wake_r], [], [])
+            readable, _, _ = select.select([sock_fd, self.wake_r, self.out_r], [], [])
+            if self.out_r in readable:
+                self.drain_output(None)
             if self.wake_r in readable:
                 os.read(self.wake_r, 4096)
                 if not self.inflight and self.auto_checkpoint:

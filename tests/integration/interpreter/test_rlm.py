@@ -54,6 +54,22 @@ class ScriptedEngine:
         pass
 
 
+class AsyncScripted:
+    """dspy's async engine protocol over a ScriptedEngine."""
+
+    def __init__(self, sync: ScriptedEngine) -> None:
+        self.sync = sync
+
+    async def complete(self, request: Any) -> Response:
+        return self.sync.complete(request)
+
+    def stream(self, request: Any) -> Any:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        pass
+
+
 STEPS = [
     "print(len(context))\nprint(context[:12])",
     "print(total_words + 1)",
@@ -164,3 +180,23 @@ def test_a_sandbox_built_rlm_runs_on_a_nested_interpreter(
     assert len(opened) == 2  # the outer interpreter and the nested one, distinct contexts
     assert len(set(opened)) == 2
     assert bus.sandbox_info(sandbox.sandbox).contexts == []
+
+
+async def test_rlm_aforward_runs_through_the_bus_from_inside_an_event_loop(
+    bus: SandboxBus, sandbox: SandboxInfo
+) -> None:
+    """`aforward` calls `execute` synchronously on the running loop: the interpreter's own bus
+    thread and tool threads keep it from deadlocking."""
+    steps = iter(["x = llm_query('hi')\nprint(x)", "SUBMIT(answer=x, words=1)"])
+    main = ScriptedEngine(lambda system, user: action("async", next(steps)))
+    sub = ScriptedEngine(lambda system, user: "hello back")
+    rlm = dspy.RLM(
+        "context -> answer: str, words: int",
+        max_iters=4,
+        sub_lm=dspy.LM("scripted/sub", engine=sub, async_engine=AsyncScripted(sub), cache=False),
+        interpreter_factory=RemoteInterpreterFactory(bus, sandbox.sandbox),
+    )
+    main_lm = dspy.LM("scripted/main", engine=main, async_engine=AsyncScripted(main), cache=False)
+    with dspy.context(lm=main_lm, adapter=dspy.ChatAdapter(use_json_adapter_fallback=False)):
+        result = await rlm.acall(context="c")
+    assert (result.answer, result.words) == ("hello back", 1)

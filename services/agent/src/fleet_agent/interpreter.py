@@ -209,7 +209,7 @@ class RemoteInterpreter:
                 continue
             try:
                 text = json.dumps(to_jsonable_python(value), allow_nan=False)
-            except (TypeError, ValueError, Exception) as exc:
+            except Exception as exc:  # pydantic and json both say why
                 raise CodeInterpreterError(
                     f"variable {name!r} cannot be sent to the sandbox as JSON: {exc}"
                 ) from exc

@@ -138,6 +138,15 @@ def test_variables_are_sent_once_by_content_hash(
     assert sent[1:] == [0, 0]
 
 
+def test_a_variable_the_sandbox_lacks_is_sent_again(interp: RemoteInterpreter) -> None:
+    """The interpreter believes it sent `doc` (say, to a sandbox since revived): the sandbox
+    answers `missing` and the interpreter resends the value once."""
+    doc = "content-" + "z" * 100
+    first = interp._encode_variables({"doc": doc}, {})["doc"]
+    interp._sent.add(first.digest)
+    assert interp.execute("len(doc)", {"doc": doc}) == len(doc)
+
+
 def test_tool_round_trip_and_tool_errors(interp: RemoteInterpreter) -> None:
     interp.tools["add"] = lambda a, b=0: a + b
     interp.tools["fail"] = lambda: 1 / 0

@@ -210,6 +210,18 @@ def test_cpu_time_limit_stops_a_busy_cell(make: type[Box], bus: SandboxBus) -> N
 
 
 @pytest.mark.slow
+def test_the_cpu_limit_is_per_cell(make: type[Box]) -> None:
+    box = make(Limits(wall_s=30, cpu_s_per_cell=1))
+    burn = (
+        "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end:\n    pass"
+    )
+    # 3 s of CPU in all: more than any one cell may use (1-2 s), under 1 s in each cell
+    for _ in range(5):
+        box.run(burn)
+    assert box.run("time.process_time()") >= 3
+
+
+@pytest.mark.slow
 def test_a_memory_bomb_hits_the_memory_limit(make: type[Box], bus: SandboxBus) -> None:
     box = make(Limits(memory_mb=256))
     with pytest.raises(CodeInterpreterError, match="memory limit of 256 MiB") as caught:

@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import httpx
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from fleet_events import streams, subjects
@@ -147,3 +148,31 @@ async def test_ready_reports_nats_down_when_the_server_is_gone(
         assert (await client.get("/health")).status_code == 200
     assert response.status_code == 503
     assert _by_name(response.json())["agent"]["detail"] == "nats down"
+
+
+async def test_ready_probes_run_at_once_so_three_hung_services_cost_one_timeout(
+    gateway: Gateway, nats_server: NatsServer, nc: Client, js: JetStreamContext
+) -> None:
+    hung = ("agent", "sandbox-broker", "budget")
+
+    async def swallow(_: Msg) -> None:
+        """Receives the ping and never answers: a hung replica."""
+
+    subs = [await nc.subscribe(subjects.ping(s), queue=s, cb=swallow) for s in hung]
+    served = await _answer_pings(nc, ("quality",))
+    try:
+        async with gateway(nats_server.url) as client:
+            started = time.monotonic()
+            response = await client.get("/ready")
+            elapsed = time.monotonic() - started
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+        for one in served:
+            await one.stop()
+    components = _by_name(response.json())
+    assert response.status_code == 503
+    assert [n for n, c in components.items() if c["state"] == "down"] == list(hung)
+    assert all(components[s]["detail"] == "no answer within 0.3s" for s in hung)
+    # One 0.3 s deadline for all three, not 0.9 s in a row.
+    assert elapsed < 0.85

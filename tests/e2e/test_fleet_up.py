@@ -62,6 +62,9 @@ async def test_fleet_up_from_a_clean_state_reaches_ready_with_every_component_up
     await eventually(
         lambda: f"fleet is ready: {mesh.gateway}" in mesh.printed(), timeout=10, what="URL"
     )
+    conf = (mesh.data_dir / "nats" / "nats.conf").read_text()
+    assert "sync_interval: always" in conf  # the local durability decision
+    assert 'listen: "127.0.0.1:' in conf  # loopback only
     logs = mesh.data_dir / "logs"
     for name in (*subjects.SERVICES, "nats", "fleet-up"):
         assert (logs / f"{name}.log").stat().st_size > 0, name

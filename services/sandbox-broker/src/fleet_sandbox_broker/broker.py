@@ -69,6 +69,7 @@ class Broker:
         self._heads: dict[str, Head] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._reconciling: asyncio.Task[None] | None = None
+        self._closing = False
         # set by the routes (subscribers.py): serve / stop serving one held sandbox's subjects
         self.on_adopt: Callable[[Held], Awaitable[None]] | None = None
         self.on_release: Callable[[Held], Awaitable[None]] | None = None
@@ -124,7 +125,7 @@ class Broker:
 
     async def _on_stop(self, box: Sandbox, held: Held) -> None:
         limit = box.stopped_limit
-        if limit in (None, "exited") and box.stopped_reason in ("deleted", "replaced"):
+        if self._closing or (limit == "exited" and box.stopped_reason in ("deleted", "replaced")):
             return
         assert limit is not None
         event = sb.LimitExceeded(
@@ -452,8 +453,13 @@ class Broker:
         return sb.FileContent(path=req.path, size=len(data), sha256=sha256_hex(data), data=data)
 
     async def close(self) -> None:
+        """Stop every sandbox at once and record nothing: NATS may already be gone, and the
+        log rightly still shows them, so a restart under this name reaps or revives them."""
+        self._closing = True
         if self._reconciling is not None:
             self._reconciling.cancel()
         await self.pool.close()
-        for held in list(self.held.values()):
-            await held.box.stop("the broker stopped", "exited")
+        await asyncio.gather(
+            *(held.box.stop("the broker stopped", "exited") for held in self.held.values()),
+            return_exceptions=True,
+        )

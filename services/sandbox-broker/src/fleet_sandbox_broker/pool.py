@@ -62,6 +62,5 @@ class WarmPool:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for box in self._ready:
-            await box.destroy()
+        await asyncio.gather(*(box.destroy() for box in self._ready), return_exceptions=True)
         self._ready.clear()

@@ -138,6 +138,24 @@ def test_variables_are_sent_once_by_content_hash(
     assert sent[1:] == [0, 0]
 
 
+def test_big_variables_travel_through_the_object_store(
+    interp: RemoteInterpreter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staged: list[int] = []
+    put_blob = interp.bus.put_blob
+
+    def spy(data: bytes, **options: Any) -> Any:
+        staged.append(len(data))
+        return put_blob(data, **options)
+
+    monkeypatch.setattr(interp.bus, "put_blob", spy)
+    doc = "y" * (3 * 1024 * 1024)  # over the request limit if it travelled inline
+    assert interp.execute("len(doc), doc[:3]", {"doc": doc}) == [len(doc), "yyy"]
+    assert staged == [len(doc) + 2]  # its JSON text, quotes included
+    assert interp.execute("len(small)", {"small": "s" * 1000}) == 1000
+    assert staged == [len(doc) + 2]  # small values stay inline
+
+
 def test_a_variable_the_sandbox_lacks_is_sent_again(interp: RemoteInterpreter) -> None:
     """The interpreter believes it sent `doc` (say, to a sandbox since revived): the sandbox
     answers `missing` and the interpreter resends the value once."""

@@ -237,12 +237,14 @@ class CloseContext(SandboxRef, frozen=True, kw_only=True):
 
 class Execute(SandboxRef, frozen=True, kw_only=True):
     """Run one cell. `variables` maps names to content hashes; `blobs` carries the JSON text
-    of the hashes the sandbox has not seen (it answers `missing` for any it lacks)."""
+    of the hashes the sandbox has not seen (it answers `missing` for any it lacks), or
+    `blob_refs` the object-store reference of those too big to travel inline."""
 
     context: str
     code: str
     variables: dict[str, str] = {}
     blobs: dict[str, str] = {}
+    blob_refs: dict[str, BlobRef] = {}  # big variables, staged in the object store
     tools: list[str] = []
     output_fields: list[dict[str, Any]] | None = None
     wall_s: float | None = None

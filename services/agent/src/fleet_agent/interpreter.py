@@ -43,6 +43,8 @@ from fleet_events.envelope import new_id
 from fleet_mesh import rpc
 
 RESERVED = frozenset({"SUBMIT", "__builtins__"})
+# variables whose JSON is bigger than this go to the object store (design: ~256 KiB inline)
+OFFLOAD_BYTES = 256 * 1024
 
 EXECUTION_INSTRUCTIONS = (
     "Code runs as Python in a persistent REPL inside an isolated sandbox (no network, its own "
@@ -223,6 +225,16 @@ class RemoteInterpreter:
     def _send(
         self, code: str, names: dict[str, str], blobs: dict[str, str], tools: list[str]
     ) -> sb.ExecuteReply:
+        inline = {d: text for d, text in blobs.items() if len(text) <= OFFLOAD_BYTES}
+        try:
+            # big values travel through the object store, not inside the request
+            refs = {
+                d: self.bus.put_blob(text.encode()) for d, text in blobs.items() if d not in inline
+            }
+        except Exception as exc:
+            raise CodeInterpreterError(
+                f"cannot stage a large variable in the object store: {_describe(exc)}"
+            ) from exc
         request = sb.Execute(
             request_id=new_id(),
             tenant=self.bus.tenant,
@@ -230,7 +242,8 @@ class RemoteInterpreter:
             context=self.context,
             code=code,
             variables=names,
-            blobs=blobs,
+            blobs=inline,
+            blob_refs=refs,
             tools=tools,
             output_fields=self.output_fields,
             wall_s=self.wall_s,

@@ -21,8 +21,9 @@ from nats.aio.subscription import Subscription
 
 from fleet_events import sandbox as sb
 from fleet_events import subjects
-from fleet_events.envelope import new_id
+from fleet_events.envelope import BlobRef, new_id
 from fleet_mesh import rpc
+from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.connection import connect
 
 T = TypeVar("T")
@@ -44,6 +45,7 @@ class SandboxBus:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=name)
         self._nc: Client | None = None
+        self._blobs: JetStreamBlobs | None = None
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -142,6 +144,16 @@ class SandboxBus:
             sb.sandbox_rpc(sandbox, "read"), request, sb.FileContent, timeout=timeout
         )
         return content.data or b""
+
+    def put_blob(self, data: bytes, *, timeout: float = 60.0) -> BlobRef:
+        """Store `data` in the object store under `<tenant>/<sha256>` (idempotent)."""
+
+        async def put() -> BlobRef:
+            if self._blobs is None:
+                self._blobs = await JetStreamBlobs.open(self.nc.jetstream())
+            return await self._blobs.put(self.tenant, data)
+
+        return self.run(put(), timeout=timeout)
 
     # -- tool callbacks ----------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from fleet_events.codec import BlobStore, sha256_hex
 from fleet_events.envelope import Envelope, Event, new_id, utc_now
 from fleet_events.ids import check_id
 from fleet_mesh import rpc
+from fleet_mesh.blobs import BlobNotFound
 from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.service import ServiceContext
 from fleet_mesh.store import AppendConflict, EventStore, Head
@@ -312,11 +313,21 @@ class Broker:
         if req.context not in held.interpreters:
             raise SandboxNotFound(f"no open context {req.context!r} in sandbox {req.sandbox!r}")
         interpreter = held.interpreters[req.context]
+        blobs = dict(req.blobs)
+        for digest, ref in req.blob_refs.items():
+            if ref.sha256 != digest:
+                raise rpc.BadRequest(f"blob {ref.object} does not hold variable {digest}")
+            try:
+                blobs[digest] = (await self.blobs.get(req.tenant, ref.sha256)).decode()
+            except BlobNotFound as exc:
+                raise rpc.BadRequest(
+                    f"variable {digest} is not in the object store: {exc}"
+                ) from exc
         limit = held.box.limits.wall_s
         wall = limit if req.wall_s is None else min(req.wall_s, limit)
         try:
             return await held.box.execute(
-                context=req.context, code=req.code, variables=req.variables, blobs=req.blobs,
+                context=req.context, code=req.code, variables=req.variables, blobs=blobs,
                 tools=req.tools, output_fields=req.output_fields, wall_s=wall,
                 relay=self._relay_to(interpreter, req.callback_timeout_s),
             )  # fmt: skip

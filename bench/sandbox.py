@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from dspy.primitives.local_interpreter import LocalInterpreter
@@ -46,6 +48,74 @@ def start_broker(url: str, root: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "fleet_sandbox_broker"], env=env, stdout=log, stderr=log
     )
+
+
+# A bare responder in a process of its own: what one NATS request/reply costs on this machine
+# with no broker work behind it, the floor under every warm call through the bus.
+ECHO = """
+import asyncio, sys
+from fleet_mesh.connection import connect
+
+async def main():
+    nc = await connect(sys.argv[1], name="bench-echo")
+
+    async def answer(msg):
+        await msg.respond(msg.data)
+
+    await nc.subscribe("bench.echo", cb=answer)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def floors(bus: SandboxBus, samples: int) -> None:
+    """The hops under a warm call, each measured alone (see docs/sandboxes.md)."""
+    echo = subprocess.Popen(
+        [sys.executable, "-c", ECHO, bus.url], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert echo.stdout is not None
+        echo.stdout.readline()
+        asyncio.run(measure_floors(bus, samples))
+    finally:
+        echo.kill()
+        echo.wait(5)
+    print()
+
+
+async def measure_floors(bus: SandboxBus, samples: int) -> None:
+    body = sb.Execute(request_id=new_id(), tenant=bus.tenant, sandbox="s", context="c",
+                      code="6*7", variables={}, tools=["tool"])  # fmt: skip
+    data = msgspec.json.encode(body)
+
+    async def on_loop() -> list[float]:
+        times = []
+        for i in range(samples + 20):
+            start = time.perf_counter()
+            await bus.nc.request("bench.echo", data, timeout=5)
+            if i >= 20:
+                times.append(time.perf_counter() - start)
+        return times
+
+    raw = bench.stats(bus.run(on_loop(), timeout=120))
+    bench.report_single("floor: NATS request/reply between two processes (on the loop)", raw)
+
+    async def via_bus() -> object:
+        return bus.run(bus.nc.request("bench.echo", data, timeout=5), timeout=5)
+
+    hopped = await bench.measure(via_bus, samples=samples, warmup=20)
+    bench.report_single("floor: the same from the caller's thread (+ bus thread hop)", hopped)
+
+    async def nothing() -> None:
+        return None
+
+    async def hop() -> object:
+        return bus.run(nothing(), timeout=5)
+
+    bench.report_single("floor: bus thread hop alone (no I/O)",
+                        await bench.measure(hop, samples=samples, warmup=20))  # fmt: skip
 
 
 def warm_ready(bus: SandboxBus) -> int:
@@ -242,6 +312,7 @@ def main() -> None:
                 bus.run(bootstrap(bus.nc.jetstream()), timeout=30)
                 broker = start_broker(server.url, root)
                 wait_ping(bus)
+                floors(bus, args.samples)
                 asyncio.run(run(bus, args.samples))
         finally:
             if broker is not None:

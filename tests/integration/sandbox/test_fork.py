@@ -91,3 +91,55 @@ def test_concurrent_forks_of_one_parent(bus: SandboxBus) -> None:
     finally:
         repl.shutdown()
         bus.delete_sandbox(parent.sandbox)
+
+
+def _child_reads(bus: SandboxBus, sandbox: str, context: str, code: str) -> Any:
+    child = bus.fork_sandbox(sandbox)
+    child_repl = RemoteInterpreter(bus, child.sandbox, context=context)
+    try:
+        return child_repl.execute(code)
+    finally:
+        child_repl.shutdown()
+        bus.delete_sandbox(child.sandbox)
+
+
+def test_a_fork_requested_the_moment_a_cell_answers_sees_that_cell(bus: SandboxBus) -> None:
+    # The runner answers first and takes its checkpoint after: a fork that overtakes the
+    # checkpoint must take it itself, never fork from the one before.
+    parent = bus.create_sandbox()
+    repl = RemoteInterpreter(bus, parent.sandbox)
+    try:
+        for i in range(6):
+            repl.execute(f"n = {i}\nbox = [n] * 3")
+            assert _child_reads(bus, parent.sandbox, repl.context, "n, box") == [i, [i, i, i]]
+    finally:
+        repl.shutdown()
+        bus.delete_sandbox(parent.sandbox)
+
+
+def test_without_checkpoints_a_fork_mid_cell_is_refused_never_stale(bus: SandboxBus) -> None:
+    # fork_ready=False keeps no checkpoint per cell: a fork between cells takes one then,
+    # but once the next cell has started that copy is stale and must not be used.
+    parent = bus.create_sandbox(fork_ready=False)
+    repl = RemoteInterpreter(bus, parent.sandbox)
+    refused: list[str] = []
+
+    def fork_me() -> str:
+        try:
+            return str(_child_reads(bus, parent.sandbox, repl.context, "x"))
+        except Exception as exc:
+            refused.append(str(exc))
+            return "refused"
+
+    repl.tools["fork_me"] = fork_me
+    try:
+        repl.execute("x = 1")
+        assert _child_reads(bus, parent.sandbox, repl.context, "x") == 1
+        repl.execute("x = 2")
+        assert repl.execute("x = 3\nfork_me()") == "refused"
+        assert "fork_ready=False" in refused[0]
+        # between cells it works again, with the latest state
+        assert _child_reads(bus, parent.sandbox, repl.context, "x") == 3
+    finally:
+        repl.shutdown()
+        bus.delete_sandbox(parent.sandbox)

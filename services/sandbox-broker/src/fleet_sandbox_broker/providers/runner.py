@@ -58,7 +58,9 @@ class Channel:
         self.dead = False
 
     def send(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
-        data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+        self.send_encoded(encode(message), fds)
+
+    def send_encoded(self, data: bytes, fds: tuple[int, ...] = ()) -> None:
         frame = HEADER.pack(len(data)) + data
         with self.lock:
             if self.dead:
@@ -135,6 +137,10 @@ class Router(io.TextIOBase):
 
     def flush(self) -> None:
         return None
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
 
 
 def jsonable(value: Any) -> Any:
@@ -343,7 +349,8 @@ class Runner:
             namespace[name] = json.loads(self.blobs[digest])
         return namespace
 
-    def run(self, execution: Execution) -> dict[str, Any]:
+    def run(self, execution: Execution) -> tuple[dict[str, Any], bytes]:
+        """The cell's answer, and its frame body (encoded once: it can be megabytes)."""
         request = execution.request
         namespace = self.configure(execution.context, request)
         self.cells += 1
@@ -379,7 +386,8 @@ class Runner:
         outcome["stdout"] = execution.out.getvalue()
         if execution.truncated:
             outcome["stdout"] += f"\n[output truncated at {self.output_cap} characters]"
-        size = len(json.dumps(outcome, allow_nan=False))
+        data = encode(outcome)
+        size = len(data)
         if size > self.max_out - 64:
             outcome = {
                 "t": "error",
@@ -388,25 +396,30 @@ class Runner:
                 "error": f"the cell's result is {size} bytes, over the {self.max_out}-byte "
                 "frame limit: write large results to a file in the workspace",
             }
-        return outcome
+            data = encode(outcome)
+        return outcome, data
 
     def thread_main(self, execution: Execution) -> None:
         self.by_thread[threading.get_ident()] = execution
         try:
-            outcome = self.run(execution)
+            outcome, data = self.run(execution)
         except BaseException as exc:  # a failure of the runner itself
             outcome = {"t": "fatal", "kind": "runner", "error": describe(exc), "exec": execution.id}
+            data = encode(outcome)
         finally:
             self.by_thread.pop(threading.get_ident(), None)
-        # Wake the main thread before answering, so a fork requested after this answer sees
-        # the completed cell.
         self.inflight.pop(execution.id, None)
         self.by_context.pop(execution.context, None)
-        with contextlib.suppress(BlockingIOError):
-            os.write(self.wake_w, b"x")
-        self.channel.send(outcome)
+        self.channel.send_encoded(data)
         if outcome["t"] == "fatal":
             os._exit(3)
+        # Answer first, then wake the main thread to take the checkpoint: the fork overlaps
+        # the broker's next round trip. A fork request that gets in before this wake-up
+        # takes the checkpoint itself (`fork`), so it still sees this cell. Without
+        # checkpoints there is nothing to wake for (threads are reaped at the next cell).
+        if self.auto_checkpoint:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self.wake_w, b"x")
 
     def start_execution(self, request: dict[str, Any]) -> None:
         missing = [d for d in request.get("vars", {}).values() if d not in self.blobs]
@@ -430,6 +443,11 @@ class Runner:
         if not self.inflight:
             if self.auto_checkpoint:
                 self.refresh_checkpoint()
+            else:
+                self.reap_threads()
+                # a checkpoint taken for an earlier fork is stale once this cell starts
+                self.drop_checkpoint()
+                self.checkpoint_ok = False
             if self.cell_cpu_s:
                 used = resource.getrusage(resource.RUSAGE_SELF)
                 spent = int(used.ru_utime + used.ru_stime) + 1
@@ -540,17 +558,19 @@ class Runner:
     def fork(self, msg: dict[str, Any]) -> None:
         fd = self.channel.fds.pop(0)
         try:
-            if self.quiet():
+            if not self.inflight:
+                # the last cell may have answered a moment ago (its thread still returning,
+                # the wake-up not yet read): the checkpoint must be of that cell
                 self.refresh_checkpoint()
             if self.checkpoint is None or not self.checkpoint_ok:
-                self.channel.send(
-                    {
-                        "t": "fork_failed",
-                        "fork": msg["fork"],
-                        "error": "no quiet point to fork from: threads started by an earlier "
-                        "cell were still running when it ended",
-                    }
+                reason = (
+                    "no quiet point to fork from: threads started by an earlier cell were "
+                    "still running when it ended"
+                    if self.auto_checkpoint or not self.inflight
+                    else "this sandbox keeps no checkpoint (created with fork_ready=False) and "
+                    "a cell is running: fork it between cells"
                 )
+                self.channel.send({"t": "fork_failed", "fork": msg["fork"], "error": reason})
                 return
             forwarded = Channel(self.checkpoint[1], 1 << 20)
             forwarded.send({"cwd": msg["cwd"], "env": msg.get("env", {})}, (fd,))

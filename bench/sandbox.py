@@ -44,6 +44,8 @@ def start_broker(url: str, root: Path) -> subprocess.Popen[bytes]:
         "FLEET_LOG_LEVEL": "WARNING",
         "FLEET_SANDBOX_POOL_SIZE": "4",
     }
+    if "PYTHONPATH" in os.environ:  # to compare against another checkout's services
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     log = open(root / "broker.log", "ab")  # noqa: SIM115 - lives as long as the broker
     return subprocess.Popen(
         [sys.executable, "-m", "fleet_sandbox_broker"], env=env, stdout=log, stderr=log

@@ -8,13 +8,17 @@ Channel: one AF_UNIX stream socket (fd 0 at start, then moved to a high fd; fd 0
 stdout and stderr of user code are captured per execution into buffers and returned inside a
 frame; nothing user code prints is ever read as protocol.
 
-Threads: the main thread only does I/O (select on the channel and a wake pipe). Each execution
-runs in its own thread, so a cell blocked on a host tool does not stop a nested context's cell
-(dspy's sandbox facade does exactly that). Forks happen only from the main thread at a quiet
-point (no execution in flight, no other thread alive): `_checkpoint()` keeps a stopped copy of
-the process as of the last completed cell; a fork request is forwarded to that copy, which
-forks the child sandbox. So a fork taken while a cell is in flight still yields the state as of
-the last completed cell, and no lock held by a busy thread is ever copied.
+Threads: the main thread only does I/O (select on the channel and a wake pipe). Cells run on
+other threads, so a cell blocked on a host tool does not stop a nested context's cell (dspy's
+sandbox facade does exactly that): one long-lived cell thread takes each cell when it is free
+(starting a thread per cell, and the copy-on-write faults of its fresh stack after each
+checkpoint, were a third of a warm cell's time), and a cell that arrives while it is busy gets
+a thread of its own. Forks happen only from the main thread at a quiet point (no execution in
+flight, no other thread alive but the cell thread, parked on a lock and holding none):
+`refresh_checkpoint()` keeps a stopped copy of the process as of the last completed cell; a
+fork request is forwarded to that copy, which forks the child sandbox. So a fork taken while a
+cell is in flight still yields the state as of the last completed cell, and no lock held by a
+busy thread is ever copied.
 """
 
 from __future__ import annotations
@@ -173,6 +177,9 @@ class Runner:
         self.by_context: dict[str, Execution] = {}
         self.by_thread: dict[int, Execution] = {}
         self.threads: dict[str, threading.Thread] = {}
+        self.cell_go: threading.Lock | None = None
+        self.cell_busy: threading.Lock | None = None
+        self.cell_job: Execution | None = None
         self.pending: dict[int, queue.Queue[dict[str, Any] | None]] = {}
         self.pending_lock = threading.Lock()
         self.tool_ids = 0
@@ -399,6 +406,40 @@ class Runner:
             data = encode(outcome)
         return outcome, data
 
+    def start_cell_thread(self) -> None:
+        """The long-lived cell thread, started at the first cell (a sandbox that never runs
+        one, e.g. a fork never used, spends no task of the family's RLIMIT_NPROC on it).
+        `cell_busy` is held from the hand-over of a cell until its answer is sent; between
+        cells the thread waits on `cell_go`, holding nothing."""
+        go, busy = threading.Lock(), threading.Lock()
+        go.acquire()
+        try:
+            threading.Thread(target=self.cell_thread, args=(go, busy), daemon=True).start()
+        except RuntimeError:  # the process limit is spent: cells get threads of their own
+            return
+        self.cell_go, self.cell_busy = go, busy
+
+    def cell_thread(self, go: threading.Lock, busy: threading.Lock) -> None:
+        while True:
+            go.acquire()
+            job, self.cell_job = self.cell_job, None
+            if job is not None:
+                self.thread_main(job)
+            busy.release()
+
+    def hand_to_cell_thread(self, execution: Execution) -> bool:
+        if self.cell_go is None:
+            self.start_cell_thread()
+        if self.cell_go is None or self.cell_busy is None:
+            return False
+        # with no other cell in flight it has answered and is only returning: wait for it
+        alone = len(self.inflight) == 1
+        if not (self.cell_busy.acquire(timeout=1) if alone else self.cell_busy.acquire(False)):
+            return False
+        self.cell_job = execution
+        self.cell_go.release()
+        return True
+
     def thread_main(self, execution: Execution) -> None:
         self.by_thread[threading.get_ident()] = execution
         try:
@@ -460,6 +501,8 @@ class Runner:
         self.inflight[execution.id] = execution
         self.by_context[context] = execution
         self.dirty = True
+        if self.hand_to_cell_thread(execution):
+            return
         thread = threading.Thread(target=self.thread_main, args=(execution,), daemon=True)
         self.threads[execution.id] = thread
         thread.start()
@@ -467,7 +510,14 @@ class Runner:
     # -- fork --------------------------------------------------------------------------------
 
     def quiet(self) -> bool:
-        return not self.inflight and threading.active_count() == 1
+        if self.inflight:
+            return False
+        if self.cell_busy is None:
+            return threading.active_count() == 1
+        if not self.cell_busy.acquire(timeout=1):  # the last cell's answer is still going out
+            return False
+        self.cell_busy.release()
+        return threading.active_count() == 2  # this thread and the parked cell thread
 
     def refresh_checkpoint(self) -> None:
         self.reap_threads()
@@ -548,6 +598,7 @@ class Runner:
         self.by_context.clear()
         self.by_thread.clear()
         self.threads.clear()
+        self.cell_go = self.cell_busy = self.cell_job = None  # that thread is not in this process
         self.pending.clear()
         self.wake_r, self.wake_w = self.wake_pipe()
         os.close(self.out_r)

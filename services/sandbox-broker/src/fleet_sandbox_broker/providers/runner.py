@@ -38,6 +38,7 @@ import socket
 import struct
 import sys
 import threading
+import warnings
 from typing import Any
 
 HEADER = struct.Struct(">I")
@@ -684,6 +685,9 @@ def main() -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     channel = Channel(sock, 64 << 20)
+    # Python >= 3.12 warns on every fork() with another thread alive: the runner forks only
+    # with its cell thread parked on a lock, holding none (see the module docstring)
+    warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
     runner = Runner(channel)
     sys.stdout = Router(runner)
     sys.stderr = Router(runner)

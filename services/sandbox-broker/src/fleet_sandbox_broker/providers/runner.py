@@ -424,9 +424,13 @@ class Runner:
         while True:
             go.acquire()
             job, self.cell_job = self.cell_job, None
-            if job is not None:
-                self.thread_main(job)
-            busy.release()
+            try:
+                if job is not None:
+                    self.thread_main(job)
+            except OSError:
+                pass  # the answer could not be sent: the channel is gone, and so is the runner
+            finally:
+                busy.release()
 
     def hand_to_cell_thread(self, execution: Execution) -> bool:
         if self.cell_go is None:

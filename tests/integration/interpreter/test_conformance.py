@@ -138,6 +138,16 @@ def test_variables_are_sent_once_by_content_hash(
     assert sent[1:] == [0, 0]
 
 
+def test_a_resent_variable_is_fresh_unless_it_is_immutable(interp: RemoteInterpreter) -> None:
+    # a cell may mutate a list it was given: the next cell still gets the value as sent
+    assert interp.execute("items.append(4)\nitems", {"items": [1, 2, 3]}) == [1, 2, 3, 4]
+    assert interp.execute("items", {"items": [1, 2, 3]}) == [1, 2, 3]
+    # a string cannot be mutated: the sandbox decodes it once and hands every cell that object
+    doc = "d" * 100_000
+    interp.execute("kept = doc", {"doc": doc})
+    assert interp.execute("doc is kept, len(doc)", {"doc": doc}) == [True, len(doc)]
+
+
 def test_big_variables_travel_through_the_object_store(
     interp: RemoteInterpreter, monkeypatch: pytest.MonkeyPatch
 ) -> None:

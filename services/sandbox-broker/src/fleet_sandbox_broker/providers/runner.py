@@ -174,6 +174,9 @@ class Runner:
         self.contexts: dict[str, dict[str, Any]] = {}
         self.context_tools: dict[str, set[str]] = {}
         self.blobs: dict[str, str] = {}
+        # values that cannot be mutated (a string, a number) are decoded once and kept instead
+        # of their text: RLM re-sends its inputs, often one big string, every iteration
+        self.immutable: dict[str, Any] = {}
         self.inflight: dict[str, Execution] = {}
         self.by_context: dict[str, Execution] = {}
         self.by_thread: dict[int, Execution] = {}
@@ -354,8 +357,19 @@ class Runner:
         if "__builtins__" not in namespace:
             namespace["__builtins__"] = vars(builtins).copy()
         for name, digest in request.get("vars", {}).items():
-            namespace[name] = json.loads(self.blobs[digest])
+            namespace[name] = self.variable(digest)
         return namespace
+
+    def variable(self, digest: str) -> Any:
+        """A fresh value for each cell (a cell may mutate a list it was given), except for
+        immutable ones, which are decoded once."""
+        if digest in self.immutable:
+            return self.immutable[digest]
+        value = json.loads(self.blobs[digest])
+        if value is None or isinstance(value, (str, int, float, bool)):
+            self.immutable[digest] = value
+            del self.blobs[digest]
+        return value
 
     def run(self, execution: Execution) -> tuple[dict[str, Any], bytes]:
         """The cell's answer, and its frame body (encoded once: it can be megabytes)."""
@@ -468,10 +482,15 @@ class Runner:
                 os.write(self.wake_w, b"x")
 
     def start_execution(self, request: dict[str, Any]) -> None:
-        missing = [d for d in request.get("vars", {}).values() if d not in self.blobs]
+        missing = [
+            d
+            for d in request.get("vars", {}).values()
+            if d not in self.blobs and d not in self.immutable
+        ]
         for digest, text in request.get("blobs", {}).items():
-            self.blobs[digest] = text
-        missing = [d for d in missing if d not in self.blobs]
+            if digest not in self.immutable:
+                self.blobs[digest] = text
+        missing = [d for d in missing if d not in self.blobs]  # sent with this request
         if missing:
             self.channel.send({"t": "missing", "exec": request["exec"], "hashes": missing})
             return

@@ -97,6 +97,10 @@ def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
         FLEET_GATEWAY_HOST="127.0.0.1",
         FLEET_GATEWAY_PORT=str(options.gateway_port),
     )
+    # The local mesh keeps everything under its data dir: sandboxes and volumes included, so
+    # removing the data dir removes the mesh (an explicit FLEET_SANDBOX_* setting still wins).
+    env.setdefault("FLEET_SANDBOX_ROOT", str((options.data_dir / "sandboxes").resolve()))
+    env.setdefault("FLEET_SANDBOX_VOLUMES", str((options.data_dir / "volumes").resolve()))
     return [
         ChildSpec(
             name=service,

@@ -235,13 +235,13 @@ def test_a_memory_bomb_hits_the_memory_limit(make: type[Box], bus: SandboxBus) -
 def test_the_process_limit_caps_forks(make: type[Box]) -> None:
     box = make(Limits(nproc=12))
     code = """
-import os, time
+import os, signal
 children, error = [], None
 try:
     for _ in range(100):
         pid = os.fork()
         if pid == 0:
-            time.sleep(60)
+            signal.pause()  # each child holds its process slot until the sandbox is stopped
             os._exit(0)
         children.append(pid)
 except OSError as e:

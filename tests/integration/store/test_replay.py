@@ -62,6 +62,21 @@ class SummaryFold:
         return apply(state, event.subject, event.envelope.data)
 
 
+async def append_turns(store: EventStore, subject: str, messages: list[str]) -> Head:
+    """Append one TurnRequested per message to `subject`; returns its new head."""
+    head = await store.head(subject)
+    for message in messages:
+        env = Envelope(
+            id=new_id(),
+            tenant="acme",
+            actor=ACTOR,
+            ts=utc_now(),
+            data=TurnRequested(message=message),
+        )
+        head = (await store.append(subject, env, expect=head)).head
+    return head
+
+
 events_strategy = st.lists(
     st.tuples(
         st.sampled_from(["log", "run"]),
@@ -154,16 +169,7 @@ async def test_replay_from_a_sequence_and_of_one_subject(store: EventStore) -> N
 
 async def test_live_subscription_sees_the_backlog_then_new_events(store: EventStore) -> None:
     subject = log_subject("acme", new_id())
-    head = EMPTY
-    for i in range(3):
-        env = Envelope(
-            id=new_id(),
-            tenant="acme",
-            actor=ACTOR,
-            ts=utc_now(),
-            data=TurnRequested(message=str(i)),
-        )
-        head = (await store.append(subject, env, expect=head)).head
+    await append_turns(store, subject, ["0", "1", "2"])
     seen: list[str] = []
     live = store.subscribe(subject, from_seq=1)
 
@@ -174,10 +180,7 @@ async def test_live_subscription_sees_the_backlog_then_new_events(store: EventSt
                 return
 
     await asyncio.wait_for(read(3), 10)
-    env = Envelope(
-        id=new_id(), tenant="acme", actor=ACTOR, ts=utc_now(), data=TurnRequested(message="new")
-    )
-    await store.append(subject, env, expect=head)
+    await append_turns(store, subject, ["new"])
     await asyncio.wait_for(read(4), 10)
     await live.aclose()
     assert seen == ["0", "1", "2", "new"]
@@ -186,13 +189,7 @@ async def test_live_subscription_sees_the_backlog_then_new_events(store: EventSt
 async def test_a_wildcard_snapshot_never_stands_for_a_run_named_like_it(store: EventStore) -> None:
     session = new_id()
     fold = SummaryFold()
-    await store.append(
-        run_subject("acme", session, "r2"),
-        Envelope(
-            id=new_id(), tenant="acme", actor=ACTOR, ts=utc_now(), data=TurnRequested(message="r2")
-        ),
-        expect=EMPTY,
-    )
+    await append_turns(store, run_subject("acme", session, "r2"), ["r2"])
     everything = f"fleet.session.acme.{session}.run.>"
     await store.save_snapshot(everything, fold, await store.load(everything, fold))
     only_all = await store.load(run_subject("acme", session, "_all"), fold)
@@ -205,16 +202,7 @@ async def test_a_snapshot_the_log_no_longer_reaches_is_ignored(
 ) -> None:
     subject = log_subject("acme", new_id())
     fold = SummaryFold()
-    head = EMPTY
-    for i in range(3):
-        env = Envelope(
-            id=new_id(),
-            tenant="acme",
-            actor=ACTOR,
-            ts=utc_now(),
-            data=TurnRequested(message=str(i)),
-        )
-        head = (await store.append(subject, env, expect=head)).head
+    await append_turns(store, subject, ["0", "1", "2"])
     await store.load(subject, fold, snapshot_after=0)
     assert (await store.load(subject, fold)).from_snapshot
     await js.purge_stream(streams.SESSIONS.name, subject=subject)
@@ -225,13 +213,8 @@ async def test_a_snapshot_the_log_no_longer_reaches_is_ignored(
 
 async def test_a_snapshot_that_cannot_be_saved_does_not_fail_the_load(store: EventStore) -> None:
     subject = log_subject("acme", new_id())
-    head = EMPTY
-    big = "x" * 200_000  # 60 of these make a state far over the snapshot bucket's value limit
-    for _ in range(60):
-        env = Envelope(
-            id=new_id(), tenant="acme", actor=ACTOR, ts=utc_now(), data=TurnRequested(message=big)
-        )
-        head = (await store.append(subject, env, expect=head)).head
+    # 60 turns of 200 KB make a state far over the snapshot bucket's value limit
+    await append_turns(store, subject, ["x" * 200_000] * 60)
     loaded = await store.load(subject, SummaryFold(), snapshot_after=0)
     assert len(loaded.state.turns) == 60
     assert not (await store.load(subject, SummaryFold())).from_snapshot

@@ -111,11 +111,11 @@ async def bench_append(js: JetStreamContext, store: EventStore, samples: int) ->
 
     async def run_project() -> float:
         async def writer() -> None:
-            subject, h = log_subject("bench", new_id()), EMPTY
+            session = new_id()
+            subject, h = log_subject("bench", session), EMPTY
             for _ in range(per_writer):
-                h = (
-                    await store.append(subject, envelope(TurnRequested(message="x"), "s"), expect=h)
-                ).head
+                event = envelope(TurnRequested(message="x"), session)
+                h = (await store.append(subject, event, expect=h)).head
 
         start = time.perf_counter()
         await asyncio.gather(*(writer() for _ in range(writers)))

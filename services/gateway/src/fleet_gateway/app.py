@@ -1,10 +1,12 @@
 """Composition root of the gateway: `create_app(settings)` is what `main()` serves and what
 tests mount. NATS is connected in the lifespan, never at import."""
 
+import asyncio
+import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import FrameType
@@ -13,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from nats.aio.client import Client
+from nats.errors import Error as NatsError
 
 from fleet_events import subjects
 from fleet_gateway.config import GatewaySettings
@@ -22,6 +25,9 @@ from fleet_mesh.connection import connect
 from fleet_mesh.service import Ping, Pong, replica_id
 
 SERVICE = "gateway"
+STOP_GRACE_S = 5.0
+
+log = logging.getLogger("fleet.gateway")
 
 
 @dataclass
@@ -49,16 +55,26 @@ async def _open(state: GatewayState) -> None:
 
 
 async def _close(state: GatewayState) -> None:
+    """Every phase is bounded: when the whole mesh stops, NATS may vanish mid-drain, and an
+    unbounded drain would wait for a server that is not coming back."""
     nc, state.nc = state.nc, None
     served, state.served = state.served, []
-    for one in served:
-        await one.stop()
+    await _bounded(asyncio.gather(*(one.stop(grace=STOP_GRACE_S) for one in served)), "pings")
     if nc is None or nc.is_closed:
         return
     if nc.is_connected:
-        await nc.drain()  # finishes in-flight pings, then closes
-    else:
-        await nc.close()  # NATS is gone: nothing to drain, do not wait for a reconnect
+        await _bounded(nc.drain(), "the NATS drain")  # finishes in-flight pings, then closes
+    if not nc.is_closed:
+        await nc.close()  # NATS is gone or the drain ran out of time: do not wait for it
+
+
+async def _bounded(work: Awaitable[object], what: str) -> None:
+    try:
+        await asyncio.wait_for(work, STOP_GRACE_S)
+    except TimeoutError:
+        log.warning("%s did not finish within %ss; stopping anyway", what, STOP_GRACE_S)
+    except NatsError as exc:
+        log.warning("%s failed while stopping: %s", what, exc)
 
 
 def create_app(settings: GatewaySettings | None = None, *, replica: str | None = None) -> FastAPI:
@@ -98,7 +114,7 @@ def main() -> None:
     """Serve the gateway; SIGTERM/SIGINT become a graceful shutdown (lifespan exit), exit 0."""
     settings = GatewaySettings()
     replica = replica_id(SERVICE)
-    log = logs.configure(SERVICE, replica, os.environ.get("FLEET_LOG_LEVEL", "INFO"))
+    logs.configure(SERVICE, replica, os.environ.get("FLEET_LOG_LEVEL", "INFO"))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _ignore)
     config = uvicorn.Config(

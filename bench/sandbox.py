@@ -65,6 +65,7 @@ async def main():
         await msg.respond(msg.data)
 
     await nc.subscribe("bench.echo", cb=answer)
+    await nc.flush()  # the server has the subscription before anyone is told to call it
     print("ready", flush=True)
     await asyncio.Event().wait()
 
@@ -79,7 +80,8 @@ def floors(bus: SandboxBus, samples: int) -> None:
     )
     try:
         assert echo.stdout is not None
-        echo.stdout.readline()
+        if echo.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the echo responder did not start")
         asyncio.run(measure_floors(bus, samples))
     finally:
         echo.kill()

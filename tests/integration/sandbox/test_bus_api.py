@@ -156,3 +156,32 @@ def test_lifecycle_events_land_on_the_sandbox_stream(bus: SandboxBus) -> None:
     assert event_types(bus, child.sandbox) == ["sandbox.forked", "sandbox.deleted"]
     with pytest.raises(NoRespondersError):  # nobody holds a deleted sandbox any more
         bus.sandbox_info(info.sandbox)
+
+
+def test_a_request_id_learnt_from_another_tenant_never_returns_their_answer(
+    bus: SandboxBus, nats_server: NatsServer
+) -> None:
+    info = bus.create_sandbox()
+    bus.put_file(info.sandbox, "notes.txt", b"ALICE-PRIVATE-DATA")
+    shared_id = new_id()
+    read = sb.GetFile(
+        request_id=shared_id, tenant=bus.tenant, sandbox=info.sandbox, path="notes.txt"
+    )
+    assert bus.call(
+        sb.sandbox_rpc(info.sandbox, "read"), read, sb.FileContent, timeout=10
+    ).data == (b"ALICE-PRIVATE-DATA")
+    with SandboxBus(nats_server.url, tenant="t-bob") as bob:
+        listed = bob.call(
+            sb.broker_rpc("list"), sb.ListSandboxes(request_id=shared_id, tenant="t-bob"),
+            sb.SandboxList, timeout=10,
+        )  # fmt: skip
+        assert listed.items == []
+        with pytest.raises(RemoteError) as caught:
+            bob.call(
+                sb.sandbox_rpc(info.sandbox, "read"),
+                sb.GetFile(request_id=shared_id, tenant="t-bob", sandbox=info.sandbox,
+                           path="notes.txt"),
+                sb.FileContent, timeout=10,
+            )  # fmt: skip
+        assert caught.value.code == "not_found"
+    bus.delete_sandbox(info.sandbox)

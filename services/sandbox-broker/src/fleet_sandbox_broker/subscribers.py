@@ -77,7 +77,10 @@ class Routes:
             try:
                 check_id("tenant", request.tenant)
                 big = isinstance(request, sb.Execute)
-                return await self._once(request.request_id, lambda: handler(request), big=big)
+                # A retry is the same request to the same place by the same tenant: keyed so,
+                # a request id learnt (or reused) elsewhere never returns someone else's answer.
+                key = f"{subject}|{request.tenant}|{request.request_id}"
+                return await self._once(key, lambda: handler(request), big=big)
             except InvalidId as exc:
                 raise rpc.BadRequest(str(exc)) from exc
             except SandboxError as exc:
@@ -87,18 +90,16 @@ class Routes:
             self.ctx.nc, subject, kind, guarded, queue=queue, max_bytes=self.max_request_bytes
         )
 
-    async def _once(
-        self, request_id: str, work: Callable[[], Awaitable[R]], *, big: bool = False
-    ) -> R:
+    async def _once(self, key: str, work: Callable[[], Awaitable[R]], *, big: bool = False) -> R:
         answers = self._exec_answers if big else self._answers
-        cached = answers.get(request_id)
+        cached = answers.get(key)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
-        running = self._running.get(request_id)
+        running = self._running.get(key)
         if running is not None:
             return await asyncio.shield(running)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._running[request_id] = future
+        self._running[key] = future
         try:
             answer = await work()
         except BaseException as exc:
@@ -106,7 +107,7 @@ class Routes:
             future.exception()
             raise
         finally:
-            self._running.pop(request_id, None)
+            self._running.pop(key, None)
         future.set_result(answer)
-        answers.put(request_id, answer)
+        answers.put(key, answer)
         return answer

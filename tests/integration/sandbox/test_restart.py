@@ -237,3 +237,32 @@ def test_a_restarted_broker_reaps_sandboxes_of_finished_runs_only(
     assert repl.execute("6 * 7") == 42
     repl.shutdown()
     bus.delete_sandbox(live.sandbox)
+
+
+@pytest.mark.slow
+def test_a_starting_broker_kills_what_a_dead_broker_left_running(
+    brokers: Brokers, bus: SandboxBus
+) -> None:
+    first = brokers.start("sbx-orphans")
+    wait_replica(bus, "sbx-orphans")
+    box = create_on(bus, "sbx-orphans")
+    repl = RemoteInterpreter(bus, box.sandbox)
+    stray = repl.execute(
+        "import os, signal\n"
+        "read, write = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"  # leaves the sandbox's process group: a daemonised stray
+        "    if os.fork() == 0:\n"
+        "        os.write(write, str(os.getpid()).encode()); signal.pause()\n"
+        "    os._exit(0)\n"
+        "int(os.read(read, 32))"
+    )
+    assert isinstance(stray, int)
+    first.kill()
+    assert Path(f"/proc/{stray}").exists()  # the broker's death alone does not stop it
+    # Another replica starting on this host (not the dead one's successor, which would also
+    # reap its sandboxes from the log) still kills what the dead broker left running.
+    brokers.start("sbx-orphans-neighbour")
+    wait_replica(bus, "sbx-orphans-neighbour")
+    eventually_sync(lambda: not Path(f"/proc/{stray}").exists(), timeout=30,
+                    what="the stray killed by the starting broker")  # fmt: skip

@@ -1,5 +1,7 @@
 """Composition root of the sandbox broker, built the same way in tests."""
 
+import asyncio
+
 from fleet_events import streams
 from fleet_events.codec import Codec
 from fleet_mesh import service
@@ -9,11 +11,17 @@ from fleet_mesh.store import EventStore
 from fleet_sandbox_broker.broker import Broker
 from fleet_sandbox_broker.config import BrokerSettings
 from fleet_sandbox_broker.providers.local import LocalProvider, LocalSettings
+from fleet_sandbox_broker.providers.uids import sweep_orphans
 from fleet_sandbox_broker.subscribers import Routes
 
 
 async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = None) -> Broker:
     settings = settings or BrokerSettings()
+    swept = await asyncio.to_thread(
+        sweep_orphans, settings.uid_locks, settings.uid_base, settings.uid_count
+    )
+    if swept:
+        ctx.log.warning("killed processes left by a dead broker", extra={"uids": swept})
     provider = LocalProvider(
         LocalSettings(
             root=settings.root,

@@ -71,3 +71,34 @@ def chown_tree(path: Path, uid: int) -> None:
     for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
         for name in (*dirnames, *filenames):
             os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+
+
+def sweep_orphans(directory: Path, base: int, count: int) -> list[int]:
+    """SIGKILL the processes of pool uids that no live broker holds; returns those uids.
+
+    A broker that died (SIGKILL, OOM) leaves its sandboxes' processes running, daemonised
+    strays included, until their uid is claimed again. A starting broker sweeps them at once.
+    """
+    running: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                uid = entry.stat(follow_symlinks=False).st_uid
+            except OSError:
+                continue  # exited meanwhile
+            if base <= uid < base + count:
+                running.add(uid)
+    directory.mkdir(parents=True, exist_ok=True)
+    swept = []
+    for uid in sorted(running):
+        fd = os.open(directory / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live broker on this host holds it
+            sweep_uid(uid)
+            swept.append(uid)
+        finally:
+            os.close(fd)  # releases the lock
+    return swept

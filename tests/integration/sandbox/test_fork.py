@@ -1,10 +1,16 @@
 """Fork: a child sandbox with the parent's REPL state as of its last completed cell."""
 
+import os
+import stat
 import threading
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
+from fleet_mesh.rpc import RemoteError
 
 
 def test_child_gets_parent_state_and_files_and_changes_never_flow_back(bus: SandboxBus) -> None:
@@ -140,6 +146,75 @@ def test_without_checkpoints_a_fork_mid_cell_is_refused_never_stale(bus: Sandbox
         assert "fork_ready=False" in refused[0]
         # between cells it works again, with the latest state
         assert _child_reads(bus, parent.sandbox, repl.context, "x") == 3
+    finally:
+        repl.shutdown()
+        bus.delete_sandbox(parent.sandbox)
+
+
+def _root_only_file(directory: Path, text: str) -> Path:
+    """A root-owned 0600 file in a 0700 root-owned directory: no sandbox uid can reach it."""
+    os.chmod(directory, 0o700)
+    target = directory / "target.txt"
+    target.write_text(text)
+    os.chmod(target, 0o600)
+    return target
+
+
+PLANT = """
+import os, sys
+Runner = sys.modules["__main__"].Runner
+_fork = Runner.fork
+def fork(self, msg):
+    os.symlink({target!r}, os.path.join(msg["cwd"], "evil.txt"))
+    return _fork(self, msg)
+Runner.fork = fork
+open("evil.txt", "w").write("written by the sandbox")
+"""
+
+
+def test_a_link_planted_in_the_childs_workspace_cannot_reach_a_host_file(
+    bus: SandboxBus, tmp_path: Path
+) -> None:
+    """The parent's runner is the sandbox's: it plants a link where the fork's copy will
+    write. The copy runs as the sandbox's uid, so the host file stays as it was."""
+    target = _root_only_file(tmp_path, "host data")
+    parent = bus.create_sandbox()
+    repl = RemoteInterpreter(bus, parent.sandbox)
+    try:
+        repl.execute(PLANT.format(target=str(target)))
+        # the copy, as the uid, cannot open the link's target: the fork fails, nothing written
+        with pytest.raises(RemoteError, match="copying the workspace failed"):
+            bus.fork_sandbox(parent.sandbox)
+        info = target.stat()
+        assert target.read_text() == "host data"
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o600)
+    finally:
+        repl.shutdown()
+        bus.delete_sandbox(parent.sandbox)
+
+
+def test_a_fork_keeps_modes_links_and_times_of_the_workspace(bus: SandboxBus) -> None:
+    parent = bus.create_sandbox()
+    repl = RemoteInterpreter(bus, parent.sandbox)
+    code = (
+        "import os\nos.makedirs('d/e')\nopen('d/e/run.sh', 'w').write('x')\n"
+        "os.chmod('d/e/run.sh', 0o750)\nos.utime('d/e/run.sh', (1000000, 1000000))\n"
+        "os.symlink('e/run.sh', 'd/link')\nos.chmod('d', 0o701)"
+    )
+    probe = (
+        "import os\ns = os.stat('d/e/run.sh')\n"
+        "(oct(s.st_mode & 0o7777), int(s.st_mtime), os.readlink('d/link'),"
+        " oct(os.stat('d').st_mode & 0o7777), os.getuid() == s.st_uid)"
+    )
+    try:
+        repl.execute(code)
+        child = bus.fork_sandbox(parent.sandbox)
+        child_repl = RemoteInterpreter(bus, child.sandbox, context=repl.context)
+        try:
+            assert child_repl.execute(probe) == ["0o750", 1000000, "e/run.sh", "0o701", True]
+        finally:
+            child_repl.shutdown()
+            bus.delete_sandbox(child.sandbox)
     finally:
         repl.shutdown()
         bus.delete_sandbox(parent.sandbox)

@@ -1,5 +1,6 @@
 """The child isolation policy over the bus: each branch, the sandbox the child got, the event."""
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,16 +129,17 @@ def test_auto_with_a_volume_gives_a_clean_child_on_a_child_subpath_with_the_repo
     repl.execute("secret_state = 1\nopen('volume/kept.txt', 'w').write('on the volume')")
     child = build_child(tenant_bus, parent.sandbox, repl.context)
     assert child.branch == "clean_volume"
-    assert child.volume_subpath == f"sessions/s1/children/{child.sandbox}"
+    assert child.volume_subpath == f".children/{child.sandbox}"
     assert child.context_paths == ["repo"]
     child_repl = RemoteInterpreter(tenant_bus, child.sandbox, context=child.context)
     assert child_repl.execute("'secret_state' in globals()") is False
     assert child_repl.execute("open('repo/README').read()") == "version one\n"
     child_repl.execute("open('volume/child.txt', 'w').write('child')")
     child_repl.shutdown()
-    volumes = Path(broker.env["FLEET_SANDBOX_VOLUMES"]) / tenant_bus.tenant / "vol1"
-    assert (volumes / "sessions/s1/kept.txt").read_text() == "on the volume"
-    assert (volumes / child.volume_subpath / "child.txt").read_text() == "child"
+    volumes = Path(broker.env["FLEET_SANDBOX_VOLUMES"]) / tenant_bus.tenant
+    assert (volumes / "vol1/sessions/s1/kept.txt").read_text() == "on the volume"
+    # outside the volume's tree: the parent can never reach (or plant links in) it
+    assert (volumes / ".children/vol1" / child.sandbox / "child.txt").read_text() == "child"
     assert repl.execute("import os\nos.path.exists('volume/child.txt')") is False
     (decided,) = decisions(tenant_bus, parent.sandbox)
     assert (decided.branch, decided.child) == ("clean_volume", child.sandbox)
@@ -300,3 +302,68 @@ def test_the_warm_pool_refills_after_being_drained(tenant_bus: SandboxBus) -> No
     eventually_sync(lambda: warm(tenant_bus) == 2, timeout=30, what="the warm pool to refill")
     for info in made:
         tenant_bus.delete_sandbox(info.sandbox)
+
+
+SWAP = """
+import os, threading
+stop, seen = threading.Event(), []
+os.makedirs("volume/children", exist_ok=True)  # the parent owns it: it may swap entries
+def swap():
+    while not stop.is_set():
+        for base in ('volume/children', 'volume/.children'):
+            try:
+                names = os.listdir(base)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(base, name)
+                if os.path.islink(path):
+                    continue
+                try:
+                    os.rmdir(path)
+                    os.symlink({decoy!r}, path)
+                    seen.append(name)
+                except OSError:
+                    pass
+        stop.wait(0.0005)
+threading.Thread(target=swap, daemon=True).start()
+"""
+
+
+def test_a_parent_cannot_swap_its_childs_volume_for_a_host_directory(
+    tenant_bus: SandboxBus, broker: Replica, tmp_path: Path
+) -> None:
+    """A parent's thread watches its volume for the child's directory and swaps it for a link
+    to a root-only host directory. The child's volume lives outside the parent's tree, so the
+    swap never finds it: the child gets an empty volume, the host files stay root's."""
+    os.chmod(tmp_path, 0o700)
+    decoy = tmp_path / "decoy"
+    decoy.mkdir(mode=0o700)
+    secret = decoy / "secret.txt"
+    secret.write_text("root only")
+    os.chmod(secret, 0o600)
+    parent = create(tenant_bus, volume="vol1", volume_subpath="race")
+    repl = RemoteInterpreter(tenant_bus, parent.sandbox)
+    repl.execute(SWAP.format(decoy=str(decoy)))
+    child = build_child(tenant_bus, parent.sandbox, repl.context)
+    assert child.branch == "clean_volume"
+    child_repl = RemoteInterpreter(tenant_bus, child.sandbox, context=child.context)
+    assert child_repl.execute("import os\nos.listdir('volume')") == []
+    child_repl.shutdown()
+    assert repl.execute("stop.set()\nseen") == []
+    for path in (decoy, secret):
+        info = path.lstat()
+        assert (info.st_uid, info.st_gid) == (0, 0)
+    assert secret.read_text() == "root only"
+    volumes = Path(broker.env["FLEET_SANDBOX_VOLUMES"]) / tenant_bus.tenant
+    home = volumes / ".children/vol1" / child.sandbox
+    assert home.is_dir()
+    assert not home.is_symlink()
+    assert os.listdir(volumes / "vol1/race/children") == []
+    repl.shutdown()
+    tenant_bus.delete_sandbox(parent.sandbox)
+
+
+def test_a_request_cannot_name_a_childs_volume(tenant_bus: SandboxBus) -> None:
+    with pytest.raises(RemoteError, match="refused"):
+        create(tenant_bus, volume="vol1", volume_subpath=".children/someone")

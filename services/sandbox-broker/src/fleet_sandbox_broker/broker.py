@@ -29,7 +29,7 @@ from fleet_sandbox_broker.config import BrokerSettings
 from fleet_sandbox_broker.errors import ForkFailed, SandboxNotFound, SandboxStopped, TooLarge
 from fleet_sandbox_broker.pool import WarmPool
 from fleet_sandbox_broker.providers.base import Provider, Sandbox
-from fleet_sandbox_broker.volumes import Volumes, child_subpath
+from fleet_sandbox_broker.volumes import Volumes, check_subpath, child_subpath
 
 
 @dataclass
@@ -142,6 +142,7 @@ class Broker:
     # -- verbs -------------------------------------------------------------------------------
 
     async def create(self, req: sb.CreateSandbox) -> sb.SandboxInfo:
+        check_subpath(req.volume_subpath)  # a child's `.children/<id>` is the broker's to give
         spec = domain.Spec(
             req.volume, req.volume_subpath, req.repo_url, req.ref, tuple(req.context_paths),
             req.local_checkout,
@@ -174,8 +175,9 @@ class Broker:
         if box is None:
             mounts: dict[str, Path] = {}
             if spec.volume is not None:
-                path = self.volumes.directory(tenant, spec.volume, spec.volume_subpath)
-                await asyncio.to_thread(path.mkdir, 0o700, True, True)
+                path = await asyncio.to_thread(
+                    self.volumes.prepare, tenant, spec.volume, spec.volume_subpath
+                )
                 mounts["volume"] = path
             box = await self.provider.create(
                 sandbox or new_id(), limits, fork_ready=fork_ready, mounts=mounts
@@ -274,7 +276,7 @@ class Broker:
             paths.append(snapshot.SNAPSHOT_PATH)
         child_spec = domain.Spec(
             volume=spec.volume,
-            volume_subpath=child_subpath(spec.volume_subpath, child_id) if spec.volume else None,
+            volume_subpath=child_subpath(child_id) if spec.volume else None,
             repo_url=spec.repo_url, ref=spec.ref, context_paths=tuple(paths),
         )  # fmt: skip
         # default limits and nothing special: the warm pool can serve the child

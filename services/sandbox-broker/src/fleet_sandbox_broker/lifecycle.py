@@ -69,8 +69,8 @@ async def run_finished(broker: "Broker", view: domain.SandboxView) -> bool:
 async def revive(broker: "Broker", view: domain.SandboxView) -> None:
     mounts: dict[str, Path] = {}
     if view.spec.volume is not None:
-        mounts["volume"] = broker.volumes.directory(
-            view.tenant, view.spec.volume, view.spec.volume_subpath
+        mounts["volume"] = await asyncio.to_thread(
+            broker.volumes.prepare, view.tenant, view.spec.volume, view.spec.volume_subpath
         )
     box = await broker.provider.create(view.sandbox, view.limits, mounts=mounts, revive=True)
     if view.spec.volume is not None and box.uid is not None:

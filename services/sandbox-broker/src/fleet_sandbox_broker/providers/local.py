@@ -404,7 +404,9 @@ class LocalSandbox:
                 raise ForkFailed(f"cannot fork sandbox {self.id}: {answer.error}")
             # the child idles until asked: its files are copied while it comes up, and only
             # for a fork that happened
-            copy = asyncio.create_task(provider.copy_sandbox_dir(self.directory, child_dir))
+            copy = asyncio.create_task(
+                provider.copy_sandbox_dir(self.directory, child_dir, self.uid)
+            )
             pid = await child.wait_ready(10)
             await copy
         except BaseException:
@@ -685,16 +687,30 @@ class LocalProvider:
             (directory / sub).mkdir(mode=0o700)
             os.chown(directory / sub, uid, uid)
 
-    async def copy_sandbox_dir(self, source: Path, target: Path) -> None:
-        """Merge `source` into the prepared `target` (owners and modes kept, reflinks if the
-        filesystem has them)."""
-        proc = await asyncio.create_subprocess_exec(
-            "cp", "-a", "--reflink=auto", "-T", str(source), str(target),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            raise ForkFailed(f"copying the workspace failed: {err.decode(errors='replace')}")
+    async def copy_sandbox_dir(self, source: Path, target: Path, uid: int) -> None:
+        """Merge `source`'s workspace and tmp into the prepared `target` (modes kept, reflinks
+        if the filesystem has them), AS THE SANDBOX'S UID: the target is writable by that uid
+        (and so by its family's code), which may plant links there; run as the uid, a copy
+        that follows one can only write where the sandbox could already write itself."""
+        for sub in ("workspace", "tmp"):
+            # both named by fd: the uid need not traverse the host path above the sandboxes,
+            # and root-owned 0711 parents keep `workspace` and `tmp` from being swapped
+            fds = [_open_dir(source / sub), _open_dir(target / sub)]
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                    "--no-new-privs", "--bounding-set=-all",
+                    "cp", "-a", "--reflink=auto", "-T", *(f"/proc/self/fd/{fd}/" for fd in fds),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=fds,
+                    env={"PATH": "/usr/bin:/bin"},
+                )  # fmt: skip
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                raise ForkFailed(f"copying the workspace failed: {err.decode(errors='replace')}")
+        await asyncio.to_thread(_install_runner, target)
 
     async def remove_dir(self, directory: Path) -> None:
         await asyncio.to_thread(shutil.rmtree, directory, True)
@@ -704,6 +720,16 @@ class LocalProvider:
 
     async def close(self) -> None:
         pass
+
+
+def _open_dir(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+
+def _install_runner(directory: Path) -> None:
+    """runner.py in a root-owned directory only root writes to (0711)."""
+    shutil.copyfile(RUNNER, directory / "runner.py")
+    os.chmod(directory / "runner.py", 0o444)
 
 
 def _keeps_the_contract(provider: LocalProvider, sandbox: LocalSandbox) -> tuple[Provider, Sandbox]:

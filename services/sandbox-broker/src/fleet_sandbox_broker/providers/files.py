@@ -46,19 +46,42 @@ def open_dir(workspace: Path, parts: list[str], create_as: int | None) -> int:
     return fd
 
 
+def open_regular(name: str, dir_fd: int, flags: int, shown: str, mode: int = 0o600) -> int:
+    """Open `name` under `dir_fd` only if it is a regular file; the fd returned blocks.
+
+    The open itself never blocks (`O_NONBLOCK`: a FIFO planted by the sandbox would hang a
+    worker thread before any check), never follows a link (`O_NOFOLLOW`) and never takes a
+    terminal (`O_NOCTTY`); anything but a regular file is refused before a byte moves.
+    """
+    extra = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY
+    try:
+        fd = os.open(name, flags | extra, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PathRefused(f"{shown!r} is a link; links are not followed") from exc
+        if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EISDIR, errno.ETXTBSY):
+            # ENXIO: a FIFO with no reader opened to write; the others: not a plain file
+            raise PathRefused(f"{shown!r} is not a regular file") from exc
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PathRefused(f"{shown!r} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_in(workspace: Path, path: str, data: bytes, uid: int) -> None:
     parts = components(path)
     dir_fd = open_dir(workspace, parts[:-1], uid)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-        try:
-            fd = os.open(parts[-1], flags, 0o600, dir_fd=dir_fd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise PathRefused(f"{path!r} is a link; links are not followed") from exc
-            raise
+        # no O_TRUNC at open: only a file already known to be regular is truncated
+        fd = open_regular(parts[-1], dir_fd, os.O_WRONLY | os.O_CREAT, path)
         with os.fdopen(fd, "wb") as out:
             os.fchown(out.fileno(), uid, uid)
+            os.ftruncate(out.fileno(), 0)
             out.write(data)
     finally:
         os.close(dir_fd)
@@ -72,17 +95,11 @@ def read_in(workspace: Path, path: str, max_bytes: int) -> bytes:
         raise PathRefused(f"no file {path!r} in the workspace") from exc
     try:
         try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            fd = open_regular(parts[-1], dir_fd, os.O_RDONLY, path)
         except FileNotFoundError as exc:
             raise PathRefused(f"no file {path!r} in the workspace") from exc
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise PathRefused(f"{path!r} is a link; links are not followed") from exc
-            raise
         with os.fdopen(fd, "rb") as src:
             info = os.fstat(src.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise PathRefused(f"{path!r} is not a regular file")
             if info.st_size > max_bytes:
                 raise TooLarge(
                     f"{path!r} is {info.st_size} bytes, over the {max_bytes}-byte read limit; "

@@ -42,9 +42,6 @@ def _logging(log_file: Path) -> None:
     root.setLevel(logging.INFO)
     logging.getLogger("nats").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    # fleet_mesh.bootstrap's INFO line passes extra={"created": ...}, which collides with
-    # LogRecord.created and raises; until that is renamed, keep its INFO lines off.
-    logging.getLogger("fleet.bootstrap").setLevel(logging.WARNING)
 
 
 def _check_llm(llm: str) -> None:

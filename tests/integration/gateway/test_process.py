@@ -1,7 +1,6 @@
 """The gateway as a real process: HTTP on its port, ping on the bus, clean exit on SIGTERM."""
 
 import asyncio
-import time
 from pathlib import Path
 
 import httpx
@@ -47,8 +46,8 @@ async def test_gateway_stops_promptly_on_sigterm_when_nats_is_already_gone(
 
         await eventually(health, timeout=30, what="gateway /health")
         private_nats.kill()
-        started = time.monotonic()
-        assert await asyncio.to_thread(replica.stop, 30) == 0
-        assert time.monotonic() - started < 15  # bounded close, not nats-py's 30 s drain
+        # exits by itself within 15 s (a bounded close, not nats-py's 30 s drain); stop() would
+        # SIGKILL it after that, and the exit code would say so
+        assert await asyncio.to_thread(replica.stop, 15) == 0
     finally:
         launcher.stop_all()

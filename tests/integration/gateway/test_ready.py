@@ -99,9 +99,7 @@ async def test_ready_is_503_and_names_the_service_that_is_down(
     subs = await _answer_pings(nc, ("agent", "sandbox-broker", "budget"))
     try:
         async with gateway(nats_server.url) as client:
-            started = time.monotonic()
             response = await client.get("/ready")
-            elapsed = time.monotonic() - started
     finally:
         for sub in subs:
             await sub.stop()
@@ -112,8 +110,6 @@ async def test_ready_is_503_and_names_the_service_that_is_down(
     assert components["quality"]["state"] == "down"
     assert components["quality"]["detail"] == "no replica running"
     assert [name for name, c in components.items() if c["state"] == "down"] == ["quality"]
-    # Probes run concurrently under one short deadline: a dead service cannot stall /ready.
-    assert elapsed < 2.0
 
 
 async def test_ready_reports_missing_stores_before_the_bootstrap_and_up_after(
@@ -155,16 +151,17 @@ async def test_ready_probes_run_at_once_so_three_hung_services_cost_one_timeout(
 ) -> None:
     hung = ("agent", "sandbox-broker", "budget")
 
+    arrived: list[float] = []
+
     async def swallow(_: Msg) -> None:
-        """Receives the ping and never answers: a hung replica."""
+        """Receives the ping and never answers: a hung replica (noting when it was asked)."""
+        arrived.append(time.monotonic())
 
     subs = [await nc.subscribe(subjects.ping(s), queue=s, cb=swallow) for s in hung]
     served = await _answer_pings(nc, ("quality",))
     try:
         async with gateway(nats_server.url) as client:
-            started = time.monotonic()
             response = await client.get("/ready")
-            elapsed = time.monotonic() - started
     finally:
         for sub in subs:
             await sub.unsubscribe()
@@ -174,5 +171,7 @@ async def test_ready_probes_run_at_once_so_three_hung_services_cost_one_timeout(
     assert response.status_code == 503
     assert [n for n, c in components.items() if c["state"] == "down"] == list(hung)
     assert all(components[s]["detail"] == "no answer within 0.3s" for s in hung)
-    # One 0.3 s deadline for all three, not 0.9 s in a row.
-    assert elapsed < 0.85
+    # All three were asked before the first one's 0.3 s deadline ran out: the probes were in
+    # flight together (asked one after another, each would come a whole deadline later).
+    assert len(arrived) == 3
+    assert max(arrived) - min(arrived) < 0.3

@@ -3,7 +3,6 @@ a session whose sandbox is held by no broker gets a replacement (`sandbox.replac
 
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,10 +176,10 @@ def test_an_interpreter_notices_its_broker_dying_mid_cell(
         return 1
 
     repl.tools["kill_the_broker"] = kill_the_broker
-    started = time.monotonic()
+    # Without the liveness check this would wait for the cell's wall-time limit and the test's
+    # own timeout would fail it; with it, the interpreter learns within `liveness_s`.
     with pytest.raises(CodeInterpreterError, match="went away during the cell"):
         repl.execute("kill_the_broker()")
-    assert time.monotonic() - started < 8
     released.set()
     with pytest.raises(CodeInterpreterError):
         repl.execute("1")

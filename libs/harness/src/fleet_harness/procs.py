@@ -1,13 +1,24 @@
 """Real service processes for tests: N replicas, SIGKILL and restart, captured logs."""
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from nats.errors import NoRespondersError
+
+from fleet_events import subjects
+from fleet_harness.waits import eventually
+from fleet_mesh import rpc
+from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.connection import connect
+from fleet_mesh.service import Ping, Pong
 
 
 @dataclass
@@ -93,10 +104,7 @@ class Launcher:
         for _ in range(count):
             index = sum(1 for r in self.replicas if r.service == service)
             full_env = {
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "NATS_URL": self.nats_url,
-                "FLEET_REPLICA": f"{service}-{index}",
-                "PYTHONUNBUFFERED": "1",
+                **base_env(self.nats_url, f"{service}-{index}"),
                 **(env or {}),
             }
             replica = Replica(
@@ -113,3 +121,57 @@ class Launcher:
     def stop_all(self) -> None:
         for replica in reversed(self.replicas):
             replica.stop()
+
+
+def base_env(nats_url: str, replica: str) -> dict[str, str]:
+    """What a service process gets from the harness: nothing of the test's own environment
+    beyond PATH."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "NATS_URL": nats_url,
+        "FLEET_REPLICA": replica,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def start_answering(
+    service: str, nats_url: str, log_path: Path, env: dict[str, str], *, timeout: float = 30.0
+) -> Replica:
+    """Bootstrap the server, start one replica of `service` (its `env` over a minimal base)
+    and return once it answers ping: for module-scoped fixtures that share one replica."""
+    asyncio.run(_bootstrap(nats_url))
+    replica = Replica(
+        service=service,
+        index=0,
+        argv=[sys.executable, "-m", "fleet_" + service.replace("-", "_")],
+        env={
+            **base_env(nats_url, f"{service}-{uuid.uuid4().hex[:8]}"),
+            **env,
+        },
+        log_path=log_path,
+    ).start()
+    asyncio.run(_answering(nats_url, service, timeout))
+    return replica
+
+
+async def _bootstrap(nats_url: str) -> None:
+    nc = await connect(nats_url, name="harness-bootstrap")
+    try:
+        await bootstrap(nc.jetstream())
+    finally:
+        await nc.close()
+
+
+async def _answering(nats_url: str, service: str, timeout: float) -> None:
+    nc = await connect(nats_url, name="harness-ping")
+
+    async def pong() -> Pong | None:
+        try:
+            return await rpc.call(nc, subjects.ping(service), Ping(), Pong, timeout=0.5)
+        except (TimeoutError, rpc.RemoteError, NoRespondersError):
+            return None
+
+    try:
+        await eventually(pong, timeout=timeout, what=f"{service} to answer ping")
+    finally:
+        await nc.close()

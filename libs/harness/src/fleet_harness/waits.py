@@ -3,13 +3,33 @@
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
 
 class WaitTimeout(AssertionError):
     pass
+
+
+@overload
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    timeout: float = ...,
+    interval: float = ...,
+    what: str = ...,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = ...,
+    interval: float = ...,
+    what: str = ...,
+) -> T: ...
 
 
 async def eventually(

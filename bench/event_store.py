@@ -39,9 +39,9 @@ from fleet_mesh.store import EMPTY, EventStore, Head, StoredEvent, open_store
 ACTOR = Actor(service="bench", replica="b-0")
 
 
-def envelope(data: Event, session: str) -> Envelope[Event]:
+def envelope(data: Event, session: str, run: str | None = None) -> Envelope[Event]:
     return Envelope(
-        id=new_id(), tenant="bench", session=session, actor=ACTOR, ts=utc_now(), data=data
+        id=new_id(), tenant="bench", session=session, run=run, actor=ACTOR, ts=utc_now(), data=data
     )
 
 
@@ -163,7 +163,7 @@ async def seed_session(store: EventStore, events: int) -> str:
         data: Event = (
             TurnRequested(message=f"step {i} " * 8) if i % 2 else TurnCompleted(answer="ok")
         )
-        batch.append((subject, envelope(data, session)))
+        batch.append((subject, envelope(data, session, None if subject == log else "root")))
     for subject in (log, run):
         mine = [e for s, e in batch if s == subject]
         for start in range(0, len(mine), 500):

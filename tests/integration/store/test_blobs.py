@@ -18,7 +18,7 @@ async def test_a_payload_over_the_inline_limit_round_trips_through_the_object_st
 ) -> None:
     subject = log_subject("acme", new_id())
     message = "x" * (INLINE_LIMIT + 10_000)
-    await store.append(subject, envelope(TurnRequested(message=message)), expect=EMPTY)
+    await store.append(subject, envelope(TurnRequested(message=message), subject), expect=EMPTY)
 
     raw = await js.get_last_msg(streams.SESSIONS.name, subject, direct=True)
     assert raw.data is not None

@@ -6,7 +6,8 @@ import json
 import msgspec
 from nats.js import JetStreamContext
 
-from fleet_events import Event, new_id, streams
+from fleet_events import Envelope, Event, new_id, streams
+from fleet_events.chain import GENESIS, HASH_HEADER, PREV_HEADER, link
 from fleet_events.codec import Codec
 from fleet_events.session import TurnRequested, log_subject, run_subject, session_filter
 from fleet_events.streams import StreamSpec
@@ -20,7 +21,9 @@ async def _log_of(store: EventStore, n: int) -> str:
     head = EMPTY
     for i in range(n):
         head = (
-            await store.append(subject, envelope(TurnRequested(message=f"m{i}")), expect=head)
+            await store.append(
+                subject, envelope(TurnRequested(message=f"m{i}"), subject), expect=head
+            )
         ).head
     return subject
 
@@ -94,14 +97,16 @@ async def test_adding_a_defaulted_field_leaves_an_old_log_verifiable(js: JetStre
     subject = log_subject("acme", new_id())
     head = EMPTY
     for i in range(3):
-        head = (await old.append(subject, envelope(NoteV1(text=f"n{i}")), expect=head)).head
+        head = (
+            await old.append(subject, envelope(NoteV1(text=f"n{i}"), subject), expect=head)
+        ).head
 
     new = EventStore(js, streams.SESSIONS, Codec(events=[NoteV2]))
     assert (await new.verify(subject)).ok
     notes = [e.envelope.data async for e in new.replay(subject)]
     assert notes == [NoteV2(text=f"n{i}", priority=0) for i in range(3)]
     # ...and a new event appended with the new shape continues the same chain
-    await new.append(subject, envelope(NoteV2(text="n3", priority=2)), expect=head)
+    await new.append(subject, envelope(NoteV2(text="n3", priority=2), subject), expect=head)
     assert (await new.verify(subject)).checked == 4
     assert msgspec.json.decode(b'{"type":"test.note","text":"x"}', type=NoteV2).priority == 0
 
@@ -111,16 +116,10 @@ async def test_an_export_edited_beyond_its_payloads_is_caught(store: EventStore)
     log, run = log_subject("acme", session), run_subject("acme", session, "r1")
     head_log = head_run = EMPTY
     for i in range(3):
-        ev = envelope(TurnRequested(message=f"l{i}"))
-        head_log = (
-            await store.append(log, msgspec.structs.replace(ev, session=session), expect=head_log)
-        ).head
-        ev = envelope(TurnRequested(message=f"r{i}"))
-        head_run = (
-            await store.append(
-                run, msgspec.structs.replace(ev, session=session, run="r1"), expect=head_run
-            )
-        ).head
+        ev = envelope(TurnRequested(message=f"l{i}"), log)
+        head_log = (await store.append(log, ev, expect=head_log)).head
+        ev = envelope(TurnRequested(message=f"r{i}"), run)
+        head_run = (await store.append(run, ev, expect=head_run)).head
     lines = [json.loads(line) async for line in store.export(session_filter("acme", session))]
     assert verify_export(json.dumps(r).encode() for r in lines).ok
 
@@ -144,3 +143,55 @@ async def test_an_export_edited_beyond_its_payloads_is_caught(store: EventStore)
     reordered = [lines[1], lines[0], *lines[2:]]
     assert "out of stream order" in check(reordered)
     assert "unreadable" in verify_export([b'{"subject": "x"}']).fault.reason  # type: ignore[union-attr]
+
+
+def _forged_row(subject: str, event: Envelope[Event]) -> bytes:
+    """An export line for `event` on `subject`, chained correctly: only binding can object."""
+    payload = msgspec.json.encode(event)
+    return json.dumps(
+        {
+            "subject": subject,
+            "seq": 1,
+            "id": event.id,
+            "prev": GENESIS,
+            "hash": link(GENESIS, payload),
+            "payload": base64.b64encode(payload).decode(),
+        }
+    ).encode()
+
+
+def test_an_export_holding_an_event_without_a_session_on_a_session_log_is_caught() -> None:
+    log = log_subject("acme", new_id())
+    nameless = envelope(TurnRequested(message="injected"), "fleet.budget.none")
+    fault = verify_export([_forged_row(log, nameless)]).fault
+    assert fault is not None
+    assert f"names no session but {log} belongs to session" in fault.reason
+
+
+def test_an_export_holding_an_event_on_a_run_subject_with_extra_tokens_is_caught() -> None:
+    session = new_id()
+    other_run = envelope(TurnRequested(message="x"), run_subject("acme", session, "r2"))
+    extra = run_subject("acme", session, "r1") + ".extra"
+    fault = verify_export([_forged_row(extra, other_run)]).fault
+    assert fault is not None
+    assert "a session subject is fleet.session.<tenant>.<session>.log or" in fault.reason
+
+
+async def test_verifying_the_store_flags_an_unbound_event_written_around_it(
+    store: EventStore, js: JetStreamContext
+) -> None:
+    """What a writer with raw access to the stream could leave: correct chain headers, an event
+    that names no session. The store's own verification must name it."""
+    log = log_subject("acme", new_id())
+    nameless = envelope(TurnRequested(message="injected"), "fleet.budget.none")
+    payload = msgspec.json.encode(nameless)
+    headers = {
+        "Nats-Msg-Id": nameless.id,
+        PREV_HEADER: GENESIS,
+        HASH_HEADER: link(GENESIS, payload),
+    }
+    await js.publish(log, payload, stream=streams.SESSIONS.name, headers=headers)
+    verdict = await store.verify(log)
+    assert verdict.fault is not None
+    assert verdict.fault.event_id == nameless.id
+    assert "names no session" in verdict.fault.reason

@@ -25,7 +25,7 @@ async def test_durable_consumer_resumes_after_server_sigkill(private_nats: NatsS
     head = EMPTY
     appended: list[str] = []
     for i in range(40):
-        event = envelope(TurnRequested(message=f"m{i}"), tenant="durable")
+        event = envelope(TurnRequested(message=f"m{i}"), subject, tenant="durable")
         head = (await store.append(subject, event, expect=head)).head
         appended.append(event.id)
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.js import JetStreamContext
 
-from fleet_events import Actor, Envelope, Event, new_id, streams, utc_now
+from fleet_events import Event, new_id, streams
 from fleet_events.session import (
     SessionCreated,
     SessionRenamed,
@@ -23,7 +23,7 @@ from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import EMPTY, EventStore, Head, StoredEvent, open_store
 
-ACTOR = Actor(service="test", replica="t-0")
+from .conftest import envelope
 
 
 class Summary(msgspec.Struct, kw_only=True):
@@ -66,13 +66,7 @@ async def append_turns(store: EventStore, subject: str, messages: list[str]) -> 
     """Append one TurnRequested per message to `subject`; returns its new head."""
     head = await store.head(subject)
     for message in messages:
-        env = Envelope(
-            id=new_id(),
-            tenant="acme",
-            actor=ACTOR,
-            ts=utc_now(),
-            data=TurnRequested(message=message),
-        )
+        env = envelope(TurnRequested(message=message), subject)
         head = (await store.append(subject, env, expect=head)).head
     return head
 
@@ -105,7 +99,7 @@ async def _scenario(url: str, events: list[tuple[str, Event]], cut: int) -> None
         fold = SummaryFold()
         for index, (which, data) in enumerate(events):
             subject = subjects[which]
-            env = Envelope(id=new_id(), tenant="acme", actor=ACTOR, ts=utc_now(), data=data)
+            env = envelope(data, subject)
             heads[subject] = (
                 await store.append(subject, env, expect=heads.get(subject, EMPTY))
             ).head
@@ -146,13 +140,7 @@ async def test_replay_from_a_sequence_and_of_one_subject(store: EventStore) -> N
     heads = {log: EMPTY, run: EMPTY}
     for i in range(6):
         subject = log if i % 2 == 0 else run
-        env = Envelope(
-            id=new_id(),
-            tenant="acme",
-            actor=ACTOR,
-            ts=utc_now(),
-            data=TurnRequested(message=str(i)),
-        )
+        env = envelope(TurnRequested(message=str(i)), subject)
         heads[subject] = (await store.append(subject, env, expect=heads[subject])).head
 
     everything = [e async for e in store.replay(session_filter("acme", session))]

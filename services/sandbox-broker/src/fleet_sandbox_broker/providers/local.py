@@ -43,6 +43,7 @@ from fleet_sandbox_broker.errors import (
 from fleet_sandbox_broker.providers import frames
 from fleet_sandbox_broker.providers.base import Provider, Sandbox, ToolRelay
 from fleet_sandbox_broker.providers.files import read_in, write_in
+from fleet_sandbox_broker.providers.git import check_ref, check_repo_url
 from fleet_sandbox_broker.providers.uids import UidPool, chown_tree
 
 log = logging.getLogger("fleet.sandbox.local")
@@ -73,6 +74,37 @@ exec 8<&-
 for d in $HIDDEN; do mount -o remount,ro,size=64k "$d"; done
 exec "$@"
 """
+
+# Clones into a sandbox's workspace as its uid. $1 workspace, $2 a bundle of a local source
+# or "", $3 uid, $4 URL, $5 ref (already checked: never an option). The workspace and the
+# bundle are opened before /tmp is covered, then shown at /tmp/ws and /tmp/src.bundle.
+# `checkout` takes the ref as a positional: git 2.39's checkout reads `--end-of-options` as a
+# second ref, so what keeps a ref from being an option is `check_ref` (no leading '-').
+CLONE_SH = """set -e
+WS="$1"; BUNDLE="$2"; U="$3"; URL="$4"; REF="$5"
+exec 8<"$WS"
+if [ -n "$BUNDLE" ]; then exec 9<"$BUNDLE"; fi
+mount -t tmpfs -o size=64k,mode=755 tmpfs /tmp
+mkdir /tmp/ws
+mount --bind /proc/self/fd/8 /tmp/ws
+if [ -n "$BUNDLE" ]; then
+  : > /tmp/src.bundle
+  mount --bind /proc/self/fd/9 /tmp/src.bundle
+  URL=/tmp/src.bundle
+  exec 9<&-
+fi
+exec 8<&-
+as_uid() {
+  setpriv --reuid="$U" --regid="$U" --clear-groups --no-new-privs --bounding-set=-all \\
+    --inh-caps=-all "$@"
+}
+cd /tmp/ws
+as_uid git clone --quiet --no-checkout -- "$URL" /tmp/ws/repo
+as_uid git -C /tmp/ws/repo checkout --quiet "$REF" --
+"""
+GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_TERMINAL_PROMPT": "0",
+           "GIT_CONFIG_NOSYSTEM": "1", "LANG": "C"}  # fmt: skip
+CLONE_TIMEOUT_S = 300
 
 HIDE = (
     "/home", "/root", "/srv", "/mnt", "/media", "/opt", "/run", "/work",
@@ -653,32 +685,44 @@ class LocalProvider:
     async def clone_repo(
         self, box: LocalSandbox, url: str, ref: str | None, *, allow_local: bool
     ) -> None:
-        """Clone `url` at `ref` into `workspace/repo`, as root on the host (the sandbox has no
-        network), then hand it to the sandbox's uid. Local paths and file:// only in tests."""
-        protocols = "https:ssh:git" + (":file" if allow_local else "")
-        if not allow_local and (url.startswith(("/", ".", "file:")) or "://" not in url):
-            raise BadSpec(
-                f"repo_url {url!r} is refused: use an https/ssh/git URL; a local checkout "
-                "is uploaded as context files, never read from the server's disk"
-            )
-        target = box.workspace / "repo"
-        env = {"PATH": "/usr/bin:/bin", "GIT_ALLOW_PROTOCOL": protocols, "HOME": "/nonexistent",
-               "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"}  # fmt: skip
-        steps = [["git", "clone", "--quiet", "--no-checkout", "--", url, str(target)]]
-        steps.append(["git", "-C", str(target), "checkout", "--quiet", ref or "HEAD", "--"])
-        for argv in steps:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-            )
-            try:
-                _, err = await asyncio.wait_for(proc.communicate(), 300)
-            except TimeoutError:
-                proc.kill()
-                raise BadSpec(f"cloning {url!r} took over 300 s") from None
-            if proc.returncode != 0:
-                detail = err.decode(errors="replace").strip()
-                raise BadSpec(f"cannot check out {url!r} at {ref or 'HEAD'!r}: {detail}")
-        await asyncio.to_thread(chown_tree, target, box.uid)
+        """Clone `url` at `ref` into `workspace/repo` AS THE SANDBOX'S UID, on the host network
+        (the sandbox has none) but in a mount namespace of its own that shows git the
+        workspace at a neutral path (the host path above the sandboxes may be closed to it).
+        The uid is fresh here (nothing of it runs user code yet), and git writes nowhere that
+        uid could not write itself. A local source (tests only) is bundled by root first, so
+        the uid never needs to read a host path. git's stderr is logged here, never returned:
+        it can quote what git read."""
+        url = check_repo_url(url, allow_local=allow_local)
+        checked_ref = check_ref(ref) or "HEAD"
+        shown = f"cannot check out {url!r} at {checked_ref!r}"
+        staging: Path | None = None
+        try:
+            bundle = ""
+            if "://" not in url or url.startswith("file:"):
+                staging = self.settings.root / ".broker" / "clones" / new_id()
+                bundle = await self._bundle(url, staging, shown)
+            argv = ["unshare", "--mount", "--", "/bin/sh", "-c", CLONE_SH, "clone",
+                    str(box.workspace), bundle, str(box.uid), url, checked_ref]  # fmt: skip
+            protocols = "https:ssh:git" + (":file" if allow_local else "")
+            detail = await _git(argv, {**GIT_ENV, "GIT_ALLOW_PROTOCOL": protocols}, shown)
+        finally:
+            if staging is not None:
+                await self.remove_dir(staging)
+        if detail is not None:
+            log.warning("git clone failed", extra={"sandbox": box.id, "stderr": detail})
+            raise BadSpec(f"{shown}: the repository or ref was not found or is unreachable")
+
+    async def _bundle(self, source: str, staging: Path, shown: str) -> str:
+        path = source.removeprefix("file://")
+        await asyncio.to_thread(staging.mkdir, 0o700, True)
+        target = staging / "source.bundle"
+        argv = ["git", "-C", path, "bundle", "create", "--quiet", str(target), "--all"]
+        detail = await _git(argv, GIT_ENV, shown)
+        if detail is not None:
+            log.warning("git bundle failed", extra={"stderr": detail})
+            raise BadSpec(f"{shown}: the repository or ref was not found or is unreachable")
+        os.chmod(target, 0o444)
+        return str(target)
 
     def prepare_child_dirs(self, directory: Path, uid: int) -> None:
         """What a forked child needs before it starts: its workspace and tmp, empty."""
@@ -720,6 +764,24 @@ class LocalProvider:
 
     async def close(self) -> None:
         pass
+
+
+async def _git(argv: list[str], env: dict[str, str], shown: str) -> str | None:
+    """Run a git step; None if it worked, else its stderr (for the log only)."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), CLONE_TIMEOUT_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        raise BadSpec(f"{shown}: it took over {CLONE_TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        return err.decode(errors="replace").strip()[-4000:]
+    return None
 
 
 def _open_dir(path: Path) -> int:

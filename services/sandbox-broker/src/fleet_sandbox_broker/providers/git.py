@@ -1,0 +1,110 @@
+"""What a tenant may ask git to fetch: repository URLs and refs, checked before git sees them.
+
+Both reach a `git` command line, so a value git would read as an option
+(`--pathspec-from-file=/etc/shadow`, `--upload-pack=...`) or a transport that runs a command
+(`ext::`) must never get through. Refs follow git's own rules (`git check-ref-format`) on a
+narrow alphabet, or are a commit id; URLs are https/ssh/git (local paths and file:// only
+where the broker allows local repositories, in tests). Pure functions: no I/O.
+"""
+
+import re
+from urllib.parse import urlsplit
+
+from fleet_sandbox_broker.errors import BadSpec
+
+SCHEMES = ("https", "ssh", "git")
+LOCAL_SCHEMES = ("file",)
+MAX_REF = 255
+MAX_URL = 2048
+
+_SHA = re.compile(r"[0-9a-f]{7,64}")
+_REF_CHARS = re.compile(r"[A-Za-z0-9._/+=-]+")
+_HOST = re.compile(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]")
+_USER = re.compile(r"[A-Za-z0-9._-]+")
+
+_HINT = "give a branch or tag name (git check-ref-format rules) or a commit id"
+
+
+def check_ref(ref: str | None) -> str | None:
+    """`ref` if git can only read it as a ref name or a commit id; else BadSpec saying why."""
+    if ref is None:
+        return None
+    why = _ref_problem(ref)
+    if why is not None:
+        raise BadSpec(f"ref {ref!r} is refused: {why}; {_HINT}")
+    return ref
+
+
+def _ref_problem(ref: str) -> str | None:
+    if not ref:
+        return "it is empty"
+    if len(ref) > MAX_REF:
+        return f"it is longer than {MAX_REF} characters"
+    if ref.startswith("-"):
+        return "it starts with '-', which git would read as an option"
+    if _SHA.fullmatch(ref):
+        return None
+    if not _REF_CHARS.fullmatch(ref):
+        return "it holds a character outside letters, digits and . _ / + = -"
+    if ".." in ref:
+        return "it contains '..'"
+    if ref.startswith("/") or ref.endswith(("/", ".")) or "//" in ref:
+        return "a ref name cannot start or end with '/', end with '.' or contain '//'"
+    for part in ref.split("/"):
+        if part.startswith(".") or part.endswith(".lock"):
+            return f"its component {part!r} starts with '.' or ends with '.lock'"
+    return None
+
+
+def check_repo_url(url: str, *, allow_local: bool) -> str:
+    """`url` if it names a remote repository over an allowed transport; else BadSpec."""
+    why = _url_problem(url, allow_local)
+    if why is not None:
+        kinds = "an https://, ssh:// or git:// URL" + (
+            ", a file:// URL or a local path" if allow_local else ""
+        )
+        raise BadSpec(
+            f"repo_url {url!r} is refused: {why}; use {kinds}. A local checkout is uploaded "
+            "as context files, never read from the server's disk"
+        )
+    return url
+
+
+def _url_problem(url: str, allow_local: bool) -> str | None:
+    if not url:
+        return "it is empty"
+    if len(url) > MAX_URL:
+        return f"it is longer than {MAX_URL} characters"
+    if url.startswith("-"):
+        return "it starts with '-', which git would read as an option"
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        return "it contains whitespace or a control character"
+    if "://" not in url:
+        if allow_local and url.startswith("/") and "::" not in url:
+            return None
+        return "it is not a URL with a scheme (scp-like and transport:: forms are refused)"
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in LOCAL_SCHEMES:
+        return None if allow_local else "local repositories are not allowed on this server"
+    if scheme not in SCHEMES:
+        return f"the scheme {scheme!r} is not allowed"
+    netloc = parts.netloc
+    user, _, hostport = netloc.rpartition("@")
+    if ":" in user:
+        return "it carries a password; credentials never travel in a repo URL"
+    if user and not _USER.fullmatch(user):
+        return f"the user name {user!r} is not plain"
+    host = hostport
+    if host.startswith("["):
+        host = host[: host.find("]") + 1] if "]" in host else host
+    else:
+        host = host.partition(":")[0]
+    port = hostport[len(host) :]
+    if not host or host.startswith(("-", ".")) or not _HOST.fullmatch(host):
+        return f"the host {host!r} is not a host name or address"
+    if port and not re.fullmatch(r":[0-9]{1,5}", port):
+        return f"the port {port[1:]!r} is not a number"
+    if not parts.path or parts.path == "/":
+        return "it names no repository path"
+    return None

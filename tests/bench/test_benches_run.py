@@ -50,3 +50,16 @@ def test_sandbox_bench_prints_execution_and_child_latencies() -> None:
     assert len(RATIO.findall(out)) >= 2  # 6*7 and the tool round trip, beside LocalInterpreter
     for phrase in ("fork", "warm pool", "create"):
         assert phrase in out.lower(), phrase
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_faststream_bench_prints_both_ratios_and_the_decision() -> None:
+    out = run_bench("bench/faststream_runtime.py", "--small", "--split")
+    figure = r"median (\d+\.\d+)x \(min \d+\.\d+x, max \d+\.\d+x\)"
+    assert re.search(r"RPC p50, FastStream / fleet_mesh over 3 runs: " + figure, out), out
+    assert re.search(r"work-queue throughput, .* over 3 runs: " + figure, out), out
+    run_line = re.compile(r"^run \d: RPC p50 .* -> \d+\.\d+x \| work queue .* -> \d+\.\d+x$", re.M)
+    assert len(run_line.findall(out)) == 3, out
+    assert len(re.findall(r"split: .* -> \d+\.\d+x", out)) == 2
+    assert re.search(r"^== decision: (keep fleet_mesh|move the service runtime)", out, re.M), out

@@ -142,6 +142,35 @@ async def test_tenant_daily_call_cap_holds_across_trees_and_replicas(
     assert charged - released == 7
 
 
+async def test_a_charge_whose_tree_grant_is_refused_is_released_and_its_calls_reused(
+    store: EventStore, nc: Client
+) -> None:
+    """The release path, made to happen: replica A's cache of the tree is stale, so A's preview
+    says "grant", A charges the tenant, and only then learns from the ledger that B took the
+    tree's last call. The charge must be handed back, and the handed-back call granted later."""
+    who, day = tenant(), "2026-11-30"
+    settings = BudgetSettings(tenant_caps={who: TenantCapsSetting(calls_per_day=2)})
+    a, b = (Budget(store, ACTOR, settings, today=lambda: day) for _ in range(2))
+    tree = await opened(a, 1, tenant=who)  # A has the tree cached: one call left
+
+    assert (await b.grant(Grant(request_id=new_id(), tree=tree, run="r"))).granted
+    late = await a.grant(Grant(request_id=new_id(), tree=tree, run="r"))
+
+    assert (late.granted, late.reason) == (False, "calls_exhausted")
+    facts = [e.envelope.data async for e in store.replay(tenant_day_subject(who, day))]
+    assert [type(f).__name__ for f in facts] == ["TenantCharged", "TenantCharged", "TenantReleased"]
+    released = facts[2]
+    assert isinstance(released, TenantReleased)
+    assert (released.tree, released.calls) == (tree, 1)
+    # the cap is 2 and one call was given back: A (whose tenant-day fold saw the release) and a
+    # fresh replica both grant the second call of the day, and then nothing more
+    other_tree = await opened(a, 5, tenant=who)
+    assert (await a.grant(Grant(request_id=new_id(), tree=other_tree, run="r"))).granted
+    fresh = Budget(store, ACTOR, settings, today=lambda: day)
+    over = await fresh.grant(Grant(request_id=new_id(), tree=other_tree, run="r"))
+    assert (over.granted, over.reason) == (False, "tenant_calls_exhausted")
+
+
 async def test_tenant_cost_cap_refuses_after_recorded_cost_reaches_it(
     store: EventStore, nc: Client
 ) -> None:

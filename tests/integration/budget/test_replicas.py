@@ -1,6 +1,7 @@
 """Real budget processes behind one queue group, with clients that follow the retry rule."""
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -8,7 +9,7 @@ import signal
 import pytest
 from nats.aio.client import Client
 
-from fleet_events import new_id
+from fleet_events import new_id, utc_now
 from fleet_events.budget import (
     AdmitChild,
     AdmitReply,
@@ -21,15 +22,18 @@ from fleet_events.budget import (
     OpenReply,
     OpenTree,
     RecordUsage,
+    TenantCharged,
+    TenantReleased,
     TreeStatus,
     UsageReply,
+    tenant_day_subject,
 )
 from fleet_harness.procs import Launcher, Replica
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.store import EventStore
 
-from .conftest import call, ledger, open_tree, replayed, wait_ready
+from .conftest import call, ledger, open_tree, replayed, tenant, wait_ready
 
 
 async def test_one_replica_serves_the_bus_and_rejects_malformed_requests_clearly(
@@ -181,3 +185,36 @@ async def test_a_replica_killed_mid_flight_loses_and_doubles_no_grant(
     assert granted == answered  # every grant a client saw is on the ledger, and only those
     assert len(granted) == 1000
     assert replayed(events).granted == 1000
+
+
+@pytest.mark.slow
+async def test_charges_refused_by_their_tree_are_released_and_the_calls_granted_later(
+    nc: Client, js: object, launcher: Launcher, store: EventStore
+) -> None:
+    """60 grants race for a tree's one call across three processes: every replica previews on a
+    state that has not seen the winner yet, so several charge the tenant's day and then lose on
+    the tree. Each of those charges must be released, and the released calls reusable."""
+    who, cap = tenant(), 4
+    caps = json.dumps({who: {"calls_per_day": cap}})
+    started = launcher.start("budget", count=3, env={"FLEET_BUDGET_TENANT_CAPS": caps})
+    await wait_ready(nc, started)
+    tree = await open_tree(nc, 1, tenant=who)
+    racers = [Grant(request_id=new_id(), tree=tree, run="r") for _ in range(60)]
+
+    replies = await asyncio.gather(*(call(nc, "grant", g, GrantReply) for g in racers))
+
+    assert sum(r.granted for r in replies) == 1
+    day = tenant_day_subject(who, utc_now().date().isoformat())
+    facts = [e.envelope.data async for e in store.replay(day)]
+    charged = sum(f.calls for f in facts if isinstance(f, TenantCharged))
+    released = sum(f.calls for f in facts if isinstance(f, TenantReleased))
+    assert released >= 1  # the race happened: a charge was made and then handed back
+    assert charged - released == 1
+    # The day has cap - 1 calls left, whichever replica answers and whatever it has cached.
+    other = await open_tree(nc, 10, tenant=who)
+    later = [
+        await call(nc, "grant", Grant(request_id=new_id(), tree=other, run="r"), GrantReply)
+        for _ in range(cap + 2)
+    ]
+    assert [r.granted for r in later] == [True] * (cap - 1) + [False] * 3
+    assert {r.reason for r in later if not r.granted} == {"tenant_calls_exhausted"}

@@ -29,6 +29,7 @@ from fleet_events.budget import (
     RecordUsage,
     TenantCharged,
     TenantRefused,
+    TenantReleased,
     TreeClosed,
     TreeOpened,
     UsageRecorded,
@@ -203,3 +204,19 @@ def test_a_tenant_day_refuses_once_its_recorded_cost_reaches_the_cap() -> None:
     refused = charge_tenant(day, "r1", "t1", 1, TenantCaps(cost_per_day=2.0), "d").event
     assert isinstance(refused, TenantRefused)
     assert refused.reason == "tenant_cost_exhausted"
+
+
+def test_a_released_charge_gives_its_calls_back_to_the_tenant_day() -> None:
+    caps = TenantCaps(calls_per_day=5)
+    day = TenantDayState()
+    evolve_tenant(day, "r1:tenant", TenantCharged(tree="t1", calls=5))
+    assert isinstance(charge_tenant(day, "r2", "t2", 2, caps, "d").event, TenantRefused)
+
+    evolve_tenant(day, "r1:released", TenantReleased(tree="t1", charge="r1:tenant", calls=3))
+
+    assert day.calls == 2
+    assert charge_tenant(day, "r3", "t2", 3, caps, "d").event == TenantCharged(tree="t2", calls=3)
+    refused = charge_tenant(day, "r4", "t2", 4, caps, "d").event
+    assert isinstance(refused, TenantRefused)
+    assert refused.remaining_calls == 3
+    assert isinstance(day.decisions["r1:released"], TenantReleased)

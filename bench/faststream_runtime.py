@@ -125,6 +125,8 @@ async def serve_until_terminated(url: str, runtime: str) -> None:
 
 
 def faststream_broker(url: str, name: str) -> NatsBroker:
+    # Its access logger stays at INFO, so the per-message lines (at DEBUG) are off; the INFO
+    # line its supervisor prints whenever a consumer task ends comes after any timing here.
     return NatsBroker(url, name=name, serializer=MsgSpecSerializer(), log_level=logging.DEBUG)
 
 
@@ -240,6 +242,7 @@ async def drained(js: JetStreamContext) -> bool:
 
 
 async def drain_raw(js: JetStreamContext, messages: int, batch: int, durable: str) -> float:
+    """Seconds from creating the consumer to an empty stream."""
     decoder = msgspec.json.Decoder(Item)
     handled = 0
     started = time.perf_counter()
@@ -262,12 +265,13 @@ async def drain_raw(js: JetStreamContext, messages: int, batch: int, durable: st
     await eventually(lambda: drained(js), timeout=30, interval=0.002, what="raw drain")
     elapsed = time.perf_counter() - started
     await psub.unsubscribe()
-    return messages / elapsed
+    return elapsed
 
 
 async def drain_faststream(
     broker: NatsBroker, js: JetStreamContext, messages: int, batch: int, durable: str
 ) -> float:
+    """Seconds from starting the subscriber (which creates the consumer) to an empty stream."""
     handled = 0
     all_handled = asyncio.Event()
     subscriber = broker.subscriber(
@@ -294,7 +298,7 @@ async def drain_faststream(
     await eventually(lambda: drained(js), timeout=30, interval=0.002, what="FastStream drain")
     elapsed = time.perf_counter() - started
     await subscriber.stop()
-    return messages / elapsed
+    return elapsed
 
 
 # -- the runs --------------------------------------------------------------------------------
@@ -372,16 +376,20 @@ async def main(
                 mesh, fast = await side_by_side(
                     clients.fleet_mesh, clients.faststream, samples=samples
                 )
-                per_s: dict[str, float] = {}
-                # Alternate which side drains first, so a warming server favours neither.
+                # ABBA within a run and the mirror image on the next, so a drifting machine
+                # (other work on its two cores) weighs on both sides alike.
                 order = ("raw", "faststream") if index % 2 == 0 else ("faststream", "raw")
-                for side in order:
+                elapsed = {"raw": 0.0, "faststream": 0.0}
+                for turn, side in enumerate((*order, *reversed(order))):
                     await fresh_work_queue(js, messages)
-                    durable = f"bench-{side}-{index}"
+                    durable = f"bench-{side}-{index}-{turn}"
                     if side == "raw":
-                        per_s[side] = await drain_raw(js, messages, batch, durable)
+                        elapsed[side] += await drain_raw(js, messages, batch, durable)
                     else:
-                        per_s[side] = await drain_faststream(broker, js, messages, batch, durable)
+                        elapsed[side] += await drain_faststream(
+                            broker, js, messages, batch, durable
+                        )
+                per_s = {side: 2 * messages / seconds for side, seconds in elapsed.items()}
                 run = Run(
                     mesh=mesh, fast=fast, raw_per_s=per_s["raw"], fast_per_s=per_s["faststream"]
                 )

@@ -14,24 +14,23 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from fleet_events import new_id, subjects
+from fleet_events import bus as verbs
+from fleet_events import new_id
 from fleet_events.budget import (
     ATTEMPT_TIMEOUT_S,
     RETRYABLE_CODES,
     Grant,
     GrantReply,
-    OpenReply,
     OpenTree,
 )
+from fleet_events.bus import Ping
 from fleet_harness.bench import report, report_single, side_by_side, stats
 from fleet_harness.procs import Launcher, Replica
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.service import Ping, Pong
 
-GRANT = subjects.rpc("budget", "grant")
 BIG = 10_000_000
 
 
@@ -43,7 +42,7 @@ async def ready(nc: Client, replicas: list[Replica]) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"replicas {sorted(wanted - seen)} never answered ping")
         try:
-            pong = await rpc.call(nc, subjects.ping("budget"), Ping(), Pong, timeout=0.5)
+            pong = await rpc.call_verb(nc, verbs.ping("budget"), Ping(), timeout=0.5)
             if "concurrency" in pong.details:  # set at the end of setup: its subscriptions are live
                 seen.add(pong.replica)
         except Exception:  # noqa: S110 - starting up: no responders yet
@@ -53,7 +52,7 @@ async def ready(nc: Client, replicas: list[Replica]) -> None:
 async def open_tree(nc: Client, limit: int = BIG) -> str:
     tree = new_id()
     request = OpenTree(request_id=new_id(), tenant="bench", tree=tree, max_llm_calls=limit)
-    reply = await rpc.call(nc, subjects.rpc("budget", "open"), request, OpenReply, timeout=5)
+    reply = await rpc.call_verb(nc, verbs.OPEN_TREE, request, timeout=5)
     assert reply.opened
     return tree
 
@@ -66,7 +65,7 @@ async def grant(nc: Client, tree: str) -> GrantReply:
     request = Grant(request_id=new_id(), tree=tree, run="bench")
     while True:
         try:
-            return await rpc.call(nc, GRANT, request, GrantReply, timeout=ATTEMPT_TIMEOUT_S)
+            return await rpc.call_verb(nc, verbs.GRANT, request, timeout=ATTEMPT_TIMEOUT_S)
         except rpc.RemoteError as exc:
             if exc.code not in RETRYABLE_CODES:
                 raise

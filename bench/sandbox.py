@@ -25,13 +25,13 @@ from dspy.primitives.local_interpreter import LocalInterpreter
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
-from fleet_events import subjects
+from fleet_events.bus import Ping
 from fleet_events.envelope import new_id
 from fleet_harness import bench
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.service import Ping, Pong
 
 
 def start_broker(url: str, root: Path) -> subprocess.Popen[bytes]:
@@ -123,7 +123,7 @@ async def measure_floors(bus: SandboxBus, samples: int) -> None:
 
 
 def warm_ready(bus: SandboxBus) -> int:
-    pong = bus.call(subjects.ping("sandbox-broker"), Ping(), Pong, timeout=5)
+    pong = bus.call(verbs.ping("sandbox-broker"), Ping(), timeout=5)
     return int(pong.details.get("warm", 0))
 
 
@@ -137,7 +137,7 @@ def wait_ping(bus: SandboxBus) -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            bus.call(subjects.ping("sandbox-broker"), Ping(), Pong, timeout=0.5)
+            bus.call(verbs.ping("sandbox-broker"), Ping(), timeout=0.5)
             return
         except Exception:
             if time.monotonic() > deadline:
@@ -246,8 +246,7 @@ async def run(bus: SandboxBus, samples: int) -> None:
     async def child_via_policy() -> object:
         request = sb.BuildChild(request_id=new_id(), tenant=bus.tenant, sandbox=box.sandbox,
                                 context=remote.context)  # fmt: skip
-        child = bus.call(sb.sandbox_rpc(box.sandbox, "build_child"), request, sb.ChildSandbox,
-                         timeout=60)  # fmt: skip
+        child = bus.call(verbs.BUILD_CHILD, request, target=box.sandbox, timeout=60)  # fmt: skip
         children.append(child.sandbox)
         return child
 
@@ -272,9 +271,7 @@ async def run(bus: SandboxBus, samples: int) -> None:
         request = sb.BuildChild(
             request_id=new_id(), tenant=bus.tenant, sandbox=busy.sandbox, context=busy_repl.context
         )
-        child = bus.call(
-            sb.sandbox_rpc(busy.sandbox, "build_child"), request, sb.ChildSandbox, timeout=60
-        )
+        child = bus.call(verbs.BUILD_CHILD, request, target=busy.sandbox, timeout=60)
         assert child.branch == "clean_fallback"
         children.append(child.sandbox)
         return child

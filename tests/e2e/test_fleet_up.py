@@ -10,12 +10,13 @@ import httpx
 import pytest
 from nats.aio.client import Client
 
+from fleet_events import bus as verbs
 from fleet_events import streams, subjects
+from fleet_events.bus import Ping, Pong
 from fleet_harness.waits import WaitTimeout, eventually
 from fleet_mesh import rpc
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.service import Ping, Pong
 
 from .conftest import Mesh, StartMesh, descendants, living, processes
 
@@ -45,7 +46,7 @@ async def ready(mesh: Mesh) -> dict[str, dict[str, object]]:
 
 async def ping(nc: Client, service: str) -> Pong | None:
     try:
-        return await rpc.call(nc, subjects.ping(service), Ping(), Pong, timeout=0.5)
+        return await rpc.call_verb(nc, verbs.ping(service), Ping(), timeout=0.5)
     except (TimeoutError, rpc.RemoteError):
         return None
     except Exception:  # no responders while the service restarts

@@ -12,7 +12,8 @@ from nats.js import JetStreamContext
 from fleet_budget.config import BudgetSettings
 from fleet_budget.domain import TreeState, evolve
 from fleet_budget.handlers import Budget
-from fleet_events import Actor, new_id, streams, subjects
+from fleet_events import Actor, new_id, streams
+from fleet_events import bus as verbs
 from fleet_events.budget import (
     ATTEMPT_TIMEOUT_S,
     CLIENT_DEADLINE_S,
@@ -21,10 +22,10 @@ from fleet_events.budget import (
     OpenTree,
     tree_subject,
 )
+from fleet_events.bus import Ping
 from fleet_harness.procs import Launcher, Replica
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
-from fleet_mesh.service import Ping, Pong
 from fleet_mesh.store import EventStore, StoredEvent, open_store
 
 Rep = TypeVar("Rep")
@@ -46,6 +47,9 @@ def tenant() -> str:
     return f"tenant-{new_id()[:12]}"
 
 
+BUDGET_VERBS = {v.name: v for v in verbs.verbs_of("budget")}
+
+
 async def call(
     nc: Client,
     verb: str,
@@ -58,16 +62,18 @@ async def call(
 ) -> Rep:
     """The client rule of docs/budget.md: resend the same request until a final answer."""
     request_id = getattr(request, "request_id", "")
-    return await rpc.call_retrying(
+    catalogued = BUDGET_VERBS[verb]
+    assert catalogued.reply is reply_type, f"{verb} answers {catalogued.reply.__name__}"
+    reply: Rep = await rpc.call_verb_retrying(
         nc,
-        subjects.rpc("budget", verb),
+        catalogued,
         request,
-        reply_type,
         attempt_timeout=attempt_timeout,
         deadline=deadline,
         retry_codes=RETRYABLE_CODES,
         on_retry=lambda _attempt: on_retry(request_id),
     )
+    return reply
 
 
 async def open_tree(nc: Client, max_llm_calls: int, **limits: Any) -> str:
@@ -107,7 +113,7 @@ async def wait_ready(nc: Client, replicas: list[Replica]) -> None:
 
     async def all_seen() -> bool:
         try:
-            pong = await rpc.call(nc, subjects.ping("budget"), Ping(), Pong, timeout=0.5)
+            pong = await rpc.call_verb(nc, verbs.ping("budget"), Ping(), timeout=0.5)
         except (NatsTimeout, NoRespondersError):
             return False
         if "concurrency" in pong.details:

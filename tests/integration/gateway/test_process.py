@@ -6,12 +6,12 @@ from pathlib import Path
 import httpx
 from nats.aio.client import Client
 
-from fleet_events import subjects
+from fleet_events import bus as verbs
+from fleet_events.bus import Ping
 from fleet_harness.procs import Launcher
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.natsserver import NatsServer, free_port
-from fleet_mesh.service import Ping, Pong
 
 
 async def test_gateway_process_serves_health_answers_ping_and_stops_on_sigterm(
@@ -25,7 +25,7 @@ async def test_gateway_process_serves_health_answers_ping_and_stops_on_sigterm(
             return (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200
 
     await eventually(health, timeout=30, what="gateway /health")
-    pong = await rpc.call(nc, subjects.ping("gateway"), Ping(), Pong, timeout=2)
+    pong = await rpc.call_verb(nc, verbs.ping("gateway"), Ping(), timeout=2)
     assert pong.pid == replica.pid
     assert pong.replica == "gateway-0"
     assert replica.stop() == 0

@@ -14,7 +14,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from fleet_events import bus as verbs
 from fleet_events import streams, subjects
+from fleet_events.bus import Ping, Pong
 from fleet_gateway.app import create_app
 from fleet_gateway.config import GatewaySettings
 from fleet_harness.waits import eventually
@@ -22,7 +24,6 @@ from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.service import Ping, Pong
 
 OTHERS = ("agent", "sandbox-broker", "budget", "quality")
 Gateway = Callable[[str], AbstractAsyncContextManager[httpx.AsyncClient]]
@@ -49,7 +50,7 @@ async def _answer_pings(nc: Client, services: tuple[str, ...]) -> list[rpc.Serve
         async def pong(_: Ping, service: str = service) -> Pong:
             return Pong(service=service, replica=f"{service}-fake", pid=0, uptime_s=0.0)
 
-        subs.append(await rpc.serve(nc, subjects.ping(service), Ping, pong, queue=service))
+        subs.append(await rpc.serve_verb(nc, verbs.ping(service), pong))
     return subs
 
 
@@ -157,7 +158,7 @@ async def test_ready_probes_run_at_once_so_three_hung_services_cost_one_timeout(
         """Receives the ping and never answers: a hung replica (noting when it was asked)."""
         arrived.append(time.monotonic())
 
-    subs = [await nc.subscribe(subjects.ping(s), queue=s, cb=swallow) for s in hung]
+    subs = [await nc.subscribe(verbs.ping(s).subject(), queue=s, cb=swallow) for s in hung]
     served = await _answer_pings(nc, ("quality",))
     try:
         async with gateway(nats_server.url) as client:

@@ -7,14 +7,14 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from fleet_events import subjects
+from fleet_events import bus as verbs
+from fleet_events.bus import Ping, Pong
 from fleet_harness.procs import Launcher
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import BootstrapError, bootstrap
 from fleet_mesh.connection import ServerTooOld, connect, require_server_version, server_address
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.service import Ping, Pong
 
 
 async def test_a_service_process_answers_ping_and_stops_cleanly_on_sigterm(
@@ -24,7 +24,7 @@ async def test_a_service_process_answers_ping_and_stops_cleanly_on_sigterm(
 
     async def ping() -> Pong | None:
         try:
-            return await rpc.call(nc, subjects.ping("quality"), Ping(), Pong, timeout=0.5)
+            return await rpc.call_verb(nc, verbs.ping("quality"), Ping(), timeout=0.5)
         except TimeoutError:
             return None
 
@@ -56,7 +56,7 @@ async def test_a_sigkilled_replica_restarts_under_the_same_name(
 
     async def pong_pid() -> int | None:
         try:
-            pong = await rpc.call(nc, subjects.ping("quality"), Ping(), Pong, timeout=0.5)
+            pong = await rpc.call_verb(nc, verbs.ping("quality"), Ping(), timeout=0.5)
         except TimeoutError:
             return None
         return pong.pid
@@ -126,7 +126,7 @@ async def test_a_service_stops_promptly_on_sigterm_when_nats_is_already_gone(
 
     async def ping() -> Pong | None:
         try:
-            return await rpc.call(nc, subjects.ping("quality"), Ping(), Pong, timeout=0.5)
+            return await rpc.call_verb(nc, verbs.ping("quality"), Ping(), timeout=0.5)
         except TimeoutError:
             return None
 

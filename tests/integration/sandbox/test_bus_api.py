@@ -5,6 +5,7 @@ from nats.errors import NoRespondersError
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
 from fleet_events import streams
 from fleet_events.codec import Codec
@@ -31,8 +32,8 @@ def event_types(bus: SandboxBus, sandbox: str) -> list[str]:
 
 def test_a_retried_request_gets_the_original_answer(bus: SandboxBus) -> None:
     create = sb.CreateSandbox(request_id=new_id(), tenant=bus.tenant)
-    first = bus.call(sb.broker_rpc("create"), create, sb.SandboxInfo, timeout=30)
-    again = bus.call(sb.broker_rpc("create"), create, sb.SandboxInfo, timeout=30)
+    first = bus.call(verbs.CREATE_SANDBOX, create, timeout=30)
+    again = bus.call(verbs.CREATE_SANDBOX, create, timeout=30)
     assert again.sandbox == first.sandbox
     repl = RemoteInterpreter(bus, first.sandbox)
     repl.execute("count = 0")
@@ -40,8 +41,9 @@ def test_a_retried_request_gets_the_original_answer(bus: SandboxBus) -> None:
         request_id=new_id(), tenant=bus.tenant, sandbox=first.sandbox, context=repl.context,
         code="count += 1\ncount",
     )  # fmt: skip
-    subject = sb.sandbox_rpc(first.sandbox, "exec")
-    answers = [bus.call(subject, run, sb.ExecuteReply, timeout=30).value for _ in range(3)]
+    answers = [
+        bus.call(verbs.EXECUTE, run, target=first.sandbox, timeout=30).value for _ in range(3)
+    ]
     assert answers == [1, 1, 1]
     assert repl.execute("count") == 1
     repl.shutdown()
@@ -60,7 +62,7 @@ def test_files_in_and_out_inline_and_through_the_object_store(bus: SandboxBus) -
     put = sb.PutFile(
         request_id=new_id(), tenant=bus.tenant, sandbox=info.sandbox, path="big.bin", blob=ref
     )
-    stored = bus.call(sb.sandbox_rpc(info.sandbox, "put"), put, sb.FileInfo, timeout=30)
+    stored = bus.call(verbs.PUT_FILE, put, target=info.sandbox, timeout=30)
     assert stored.sha256 == ref.sha256
     repl = RemoteInterpreter(bus, info.sandbox)
     assert repl.execute("open('in/data.csv').read().splitlines()[1]") == "1,2"
@@ -70,7 +72,7 @@ def test_files_in_and_out_inline_and_through_the_object_store(bus: SandboxBus) -
     get = sb.GetFile(
         request_id=new_id(), tenant=bus.tenant, sandbox=info.sandbox, path="big.bin", via_blob=True
     )
-    content = bus.call(sb.sandbox_rpc(info.sandbox, "read"), get, sb.FileContent, timeout=30)
+    content = bus.call(verbs.GET_FILE, get, target=info.sandbox, timeout=30)
     assert content.blob is not None
     assert content.blob.sha256 == ref.sha256
     repl.shutdown()
@@ -94,7 +96,7 @@ def test_paths_outside_the_workspace_links_and_oversize_reads_are_refused(bus: S
         max_bytes=1000,
     )  # fmt: skip
     with pytest.raises(RemoteError, match="5000 bytes, over the 1000-byte read limit") as caught:
-        bus.call(sb.sandbox_rpc(info.sandbox, "read"), read, sb.FileContent, timeout=10)
+        bus.call(verbs.GET_FILE, read, target=info.sandbox, timeout=10)
     assert caught.value.code == "too_large"
     repl.shutdown()
     bus.delete_sandbox(info.sandbox)
@@ -111,16 +113,14 @@ def test_a_tenant_cannot_see_or_use_another_tenants_sandbox(
         with pytest.raises(RemoteError):
             intruder.read_file(info.sandbox, "x")
         listed = intruder.call(
-            sb.broker_rpc("list"),
+            verbs.LIST_SANDBOXES,
             sb.ListSandboxes(request_id=new_id(), tenant="t-intruder"),
-            sb.SandboxList,
             timeout=10,
         )
         assert info.sandbox not in [item.sandbox for item in listed.items]
     mine = bus.call(
-        sb.broker_rpc("list"),
+        verbs.LIST_SANDBOXES,
         sb.ListSandboxes(request_id=new_id(), tenant=bus.tenant, session="mine"),
-        sb.SandboxList,
         timeout=10,
     )
     assert [item.sandbox for item in mine.items] == [info.sandbox]
@@ -130,7 +130,7 @@ def test_a_tenant_cannot_see_or_use_another_tenants_sandbox(
 def test_invalid_ids_are_refused_at_the_edge(bus: SandboxBus) -> None:
     bad = sb.CreateSandbox(request_id=new_id(), tenant="a.b")
     with pytest.raises(RemoteError, match="invalid tenant id") as caught:
-        bus.call(sb.broker_rpc("create"), bad, sb.SandboxInfo, timeout=10)
+        bus.call(verbs.CREATE_SANDBOX, bad, timeout=10)
     assert caught.value.code == "bad_request"
 
 
@@ -167,21 +167,22 @@ def test_a_request_id_learnt_from_another_tenant_never_returns_their_answer(
     read = sb.GetFile(
         request_id=shared_id, tenant=bus.tenant, sandbox=info.sandbox, path="notes.txt"
     )
-    assert bus.call(
-        sb.sandbox_rpc(info.sandbox, "read"), read, sb.FileContent, timeout=10
-    ).data == (b"ALICE-PRIVATE-DATA")
+    assert bus.call(verbs.GET_FILE, read, target=info.sandbox, timeout=10).data == (
+        b"ALICE-PRIVATE-DATA"
+    )
     with SandboxBus(nats_server.url, tenant="t-bob") as bob:
         listed = bob.call(
-            sb.broker_rpc("list"), sb.ListSandboxes(request_id=shared_id, tenant="t-bob"),
-            sb.SandboxList, timeout=10,
-        )  # fmt: skip
+            verbs.LIST_SANDBOXES, sb.ListSandboxes(request_id=shared_id, tenant="t-bob"), timeout=10
+        )
         assert listed.items == []
         with pytest.raises(RemoteError) as caught:
             bob.call(
-                sb.sandbox_rpc(info.sandbox, "read"),
-                sb.GetFile(request_id=shared_id, tenant="t-bob", sandbox=info.sandbox,
-                           path="notes.txt"),
-                sb.FileContent, timeout=10,
-            )  # fmt: skip
+                verbs.GET_FILE,
+                sb.GetFile(
+                    request_id=shared_id, tenant="t-bob", sandbox=info.sandbox, path="notes.txt"
+                ),
+                target=info.sandbox,
+                timeout=10,
+            )
         assert caught.value.code == "not_found"
     bus.delete_sandbox(info.sandbox)

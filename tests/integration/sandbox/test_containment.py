@@ -12,12 +12,12 @@ from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreter
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
-from fleet_events import subjects
+from fleet_events import bus as verbs
+from fleet_events.bus import Ping
 from fleet_events.sandbox import Limits, SandboxInfo
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.service import Ping, Pong
 
 from .conftest import BROKER_SECRET
 
@@ -51,7 +51,7 @@ def make(bus: SandboxBus) -> Iterator[type[Box]]:
 
 
 def assert_broker_healthy(bus: SandboxBus) -> None:
-    pong = bus.call(subjects.ping("sandbox-broker"), Ping(), Pong, timeout=5)
+    pong = bus.call(verbs.ping("sandbox-broker"), Ping(), timeout=5)
     assert pong.service == "sandbox-broker"
     fresh = Box(bus)
     try:

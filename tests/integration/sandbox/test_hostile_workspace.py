@@ -11,6 +11,7 @@ import pytest
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
 from fleet_events.envelope import BlobRef, new_id
 from fleet_harness.procs import Replica
@@ -39,7 +40,7 @@ def local_checkout_parent(bus: SandboxBus, volume: str) -> sb.SandboxInfo:
         volume=volume, context_files=bus.run(put(), timeout=30), context_paths=["ctx"],
         local_checkout=True,
     )  # fmt: skip
-    return bus.call(sb.broker_rpc("create"), request, sb.SandboxInfo, timeout=60)
+    return bus.call(verbs.CREATE_SANDBOX, request, timeout=60)
 
 
 def build_child(bus: SandboxBus, parent: str, context: str) -> sb.ChildSandbox:
@@ -47,7 +48,7 @@ def build_child(bus: SandboxBus, parent: str, context: str) -> sb.ChildSandbox:
         request_id=new_id(), tenant=bus.tenant, sandbox=parent, context=context,
         labels={"run": "child-run", "task": "t1"},
     )  # fmt: skip
-    return bus.call(sb.sandbox_rpc(parent, "build_child"), request, sb.ChildSandbox, timeout=60)
+    return bus.call(verbs.BUILD_CHILD, request, target=parent, timeout=60)
 
 
 @pytest.fixture
@@ -121,16 +122,16 @@ def test_fifos_are_refused_promptly_and_the_broker_keeps_serving(
         request = sb.GetFile(
             request_id=new_id(), tenant=tenant_bus.tenant, sandbox=parent.sandbox, path=path
         )
-        return rpc.call(tenant_bus.nc, sb.sandbox_rpc(parent.sandbox, "read"), request,
-                        sb.FileContent, timeout=10)  # fmt: skip
+        return rpc.call_verb(
+            tenant_bus.nc, verbs.GET_FILE, request, target=parent.sandbox, timeout=10
+        )
 
     def volume_read(path: str) -> Any:
         request = sb.ReadVolumeFile(
             request_id=new_id(), tenant=tenant_bus.tenant, volume="vol-fifo", path=path,
             max_bytes=1000,
         )  # fmt: skip
-        return rpc.call(tenant_bus.nc, sb.broker_rpc("volume_read"), request, sb.FileContent,
-                        timeout=10)  # fmt: skip
+        return rpc.call_verb(tenant_bus.nc, verbs.READ_VOLUME_FILE, request, timeout=10)
 
     async def many() -> list[Any]:
         # more than the broker's worker threads: one blocking open each would freeze it

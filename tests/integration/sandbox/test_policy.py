@@ -10,8 +10,10 @@ import pytest
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
 from fleet_events import streams
+from fleet_events.bus import Ping
 from fleet_events.codec import Codec
 from fleet_events.envelope import new_id
 from fleet_harness.procs import Replica
@@ -20,7 +22,6 @@ from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.rpc import RemoteError
 from fleet_mesh.runtime_config import RuntimeConfig
-from fleet_mesh.service import Ping, Pong
 from fleet_mesh.store import EventStore
 
 SNAPSHOT = "artifacts/rlm-inputs/local_workspace_snapshot.txt"
@@ -62,7 +63,7 @@ def build_child(bus: SandboxBus, parent: str, context: str) -> sb.ChildSandbox:
         request_id=new_id(), tenant=bus.tenant, sandbox=parent, context=context,
         labels={"run": "child-run", "task": "t1"},
     )  # fmt: skip
-    return bus.call(sb.sandbox_rpc(parent, "build_child"), request, sb.ChildSandbox, timeout=60)
+    return bus.call(verbs.BUILD_CHILD, request, target=parent, timeout=60)
 
 
 def create(bus: SandboxBus, **fields: Any) -> sb.SandboxInfo:
@@ -70,7 +71,7 @@ def create(bus: SandboxBus, **fields: Any) -> sb.SandboxInfo:
         request_id=new_id(), tenant=bus.tenant, labels={"session": "s1", "role": "session"},
         **fields,
     )  # fmt: skip
-    return bus.call(sb.broker_rpc("create"), request, sb.SandboxInfo, timeout=60)
+    return bus.call(verbs.CREATE_SANDBOX, request, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +158,7 @@ def _unforkable_parent(bus: SandboxBus) -> tuple[sb.SandboxInfo, RemoteInterpret
 
 
 def warm(bus: SandboxBus) -> int:
-    return int(bus.call("fleet.rpc.sandbox-broker.ping", Ping(), Pong, timeout=5).details["warm"])
+    return int(bus.call(verbs.ping("sandbox-broker"), Ping(), timeout=5).details["warm"])
 
 
 def test_a_failed_fork_falls_back_to_a_clean_child(tenant_bus: SandboxBus) -> None:
@@ -264,10 +265,10 @@ def test_volume_browsing_is_capped_and_refuses_traversal(tenant_bus: SandboxBus)
     repl.execute("import os\nos.makedirs('volume/d')\nopen('volume/d/f.txt', 'w').write('x' * 50)\n"
                  "os.symlink('/etc/passwd', 'volume/link')")  # fmt: skip
     listing = tenant_bus.call(
-        sb.broker_rpc("volume_list"),
+        verbs.LIST_VOLUME,
         sb.ListVolume(request_id=new_id(), tenant=tenant_bus.tenant, volume="vol3", path="d"),
-        sb.VolumeListing, timeout=10,
-    )  # fmt: skip
+        timeout=10,
+    )
     assert [(e.name, e.kind, e.size) for e in listing.entries] == [("f.txt", "file", 50)]
 
     def read(path: str, max_bytes: int = 1000) -> sb.FileContent:
@@ -275,7 +276,7 @@ def test_volume_browsing_is_capped_and_refuses_traversal(tenant_bus: SandboxBus)
             request_id=new_id(), tenant=tenant_bus.tenant, volume="vol3", path=path,
             max_bytes=max_bytes,
         )  # fmt: skip
-        return tenant_bus.call(sb.broker_rpc("volume_read"), request, sb.FileContent, timeout=10)
+        return tenant_bus.call(verbs.READ_VOLUME_FILE, request, timeout=10)
 
     assert read("d/f.txt").data == b"x" * 50
     for path in ("../other", "/etc/passwd", "d/../../x", "link"):
@@ -287,10 +288,10 @@ def test_volume_browsing_is_capped_and_refuses_traversal(tenant_bus: SandboxBus)
     assert caught.value.code == "too_large"
     with pytest.raises(RemoteError, match="invalid volume id"):
         tenant_bus.call(
-            sb.broker_rpc("volume_list"),
+            verbs.LIST_VOLUME,
             sb.ListVolume(request_id=new_id(), tenant=tenant_bus.tenant, volume=".."),
-            sb.VolumeListing, timeout=10,
-        )  # fmt: skip
+            timeout=10,
+        )
     repl.shutdown()
     tenant_bus.delete_sandbox(parent.sandbox)
 

@@ -12,8 +12,10 @@ from dspy.primitives.code_interpreter import CodeInterpreterError
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
-from fleet_events import streams, subjects
+from fleet_events import streams
+from fleet_events.bus import Ping
 from fleet_events.codec import Codec
 from fleet_events.envelope import Actor, Envelope, new_id, utc_now
 from fleet_events.run import RunCompleted
@@ -22,7 +24,6 @@ from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.service import Ping, Pong
 from fleet_mesh.store import EventStore
 
 
@@ -68,7 +69,7 @@ def bus(nats_server: NatsServer) -> Iterator[SandboxBus]:
 def wait_replica(bus: SandboxBus, replica: str, count: int | None = None) -> None:
     def answered() -> bool:
         try:
-            pong = bus.call(subjects.ping("sandbox-broker"), Ping(), Pong, timeout=0.3)
+            pong = bus.call(verbs.ping("sandbox-broker"), Ping(), timeout=0.3)
         except Exception:
             return False
         return pong.replica == replica
@@ -90,7 +91,7 @@ def create_on(bus: SandboxBus, replica: str, **fields: Any) -> sb.SandboxInfo:
     """Create until the named replica answers (create is served by the whole queue group)."""
     for _ in range(40):
         request = sb.CreateSandbox(request_id=new_id(), tenant=bus.tenant, **fields)
-        info = bus.call(sb.broker_rpc("create"), request, sb.SandboxInfo, timeout=60)
+        info = bus.call(verbs.CREATE_SANDBOX, request, timeout=60)
         if info.replica == replica:
             return info
         bus.delete_sandbox(info.sandbox)
@@ -108,8 +109,7 @@ def test_after_a_sigkill_children_are_reaped_and_the_session_sandbox_is_usable(
     repl.execute("open('notes.txt', 'w').write('kept')\nmemory = 1")
     request = sb.BuildChild(request_id=new_id(), tenant=bus.tenant, sandbox=session.sandbox,
                             context=repl.context)  # fmt: skip
-    child = bus.call(sb.sandbox_rpc(session.sandbox, "build_child"), request, sb.ChildSandbox,
-                     timeout=60)  # fmt: skip
+    child = bus.call(verbs.BUILD_CHILD, request, target=session.sandbox, timeout=60)  # fmt: skip
     assert child.branch == "fork"
     first.kill()
     brokers.start("sbx-restart")
@@ -141,7 +141,7 @@ def test_a_session_whose_sandbox_vanished_gets_a_replacement_on_the_same_volume(
     brokers.start("sbx-other")  # a different replica: nobody revives the old sandbox
     wait_replica(bus, "sbx-other")
     request = sb.ResumeSandbox(request_id=new_id(), tenant=bus.tenant, sandbox=old.sandbox)
-    new = bus.call(sb.broker_rpc("resume"), request, sb.SandboxInfo, timeout=60)
+    new = bus.call(verbs.RESUME_SANDBOX, request, timeout=60)
     assert new.sandbox != old.sandbox
     assert (new.volume, new.volume_subpath) == ("v", "s2")
     (replaced,) = [e for e in stream(bus, new.sandbox) if isinstance(e, sb.SandboxReplaced)]
@@ -151,9 +151,8 @@ def test_a_session_whose_sandbox_vanished_gets_a_replacement_on_the_same_volume(
     assert fresh.execute("open('volume/data.txt').read()") == "durable"
     fresh.shutdown()
     again = bus.call(
-        sb.broker_rpc("resume"),
+        verbs.RESUME_SANDBOX,
         sb.ResumeSandbox(request_id=new_id(), tenant=bus.tenant, sandbox=new.sandbox),
-        sb.SandboxInfo,
         timeout=30,
     )
     assert again.sandbox == new.sandbox  # a live sandbox is simply returned
@@ -201,9 +200,8 @@ def test_requests_reach_the_replica_holding_the_sandbox(brokers: Brokers, bus: S
         repl.shutdown()
         bus.delete_sandbox(info.sandbox)  # takes the child with it
     listed = bus.call(
-        sb.broker_rpc("list"), sb.ListSandboxes(request_id=new_id(), tenant=bus.tenant),
-        sb.SandboxList, timeout=10,
-    )  # fmt: skip
+        verbs.LIST_SANDBOXES, sb.ListSandboxes(request_id=new_id(), tenant=bus.tenant), timeout=10
+    )
     assert listed.items == []
 
 

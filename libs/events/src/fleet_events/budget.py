@@ -32,9 +32,6 @@ def tenant_day_subject(tenant: str, day: str) -> str:
     return f"fleet.budget.tenant.{check_id('tenant', tenant)}.{check_id('day', day)}"
 
 
-VERBS = ("open", "grant", "usage", "admit", "status", "close")
-
-
 # --- events on a tree's ledger --------------------------------------------------------------
 
 RefusalReason = Literal[

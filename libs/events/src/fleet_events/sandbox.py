@@ -1,9 +1,9 @@
 """Sandbox context: lifecycle events (`fleet.sandbox.<tenant>.<sandbox>`) and the broker's bus API.
 
-Requests that create a sandbox go to the broker's queue group (`fleet.rpc.sandbox-broker.<verb>`);
-every later request about one sandbox goes to `fleet.rpc.sandbox-broker.sandbox.<sandbox>.<verb>`,
-which only the replica holding that sandbox's processes subscribes to. Tool callbacks from
-sandbox code go to the owning interpreter's inbox, `fleet.callback.<interpreter>`.
+Requests that create a sandbox go to the broker's queue group; every later request about one
+sandbox goes to a per-sandbox subject only the replica holding its processes subscribes to; tool
+callbacks from sandbox code go to the owning interpreter's inbox. `fleet_events.bus` names each
+verb with its subject, request and reply types.
 
 Every request carries a `request_id`: a retry gets the original answer. The wire types live
 here because both the broker and the agent speak them and services never import each other.
@@ -25,20 +25,6 @@ def sandbox_subject(tenant: str, sandbox: str) -> str:
 
 def tenant_filter(tenant: str) -> str:
     return f"fleet.sandbox.{check_id('tenant', tenant)}.*"
-
-
-def broker_rpc(verb: str) -> str:
-    """Queue-group verbs any replica answers: create, list, build_child."""
-    return f"fleet.rpc.{BROKER}.{check_id('verb', verb)}"
-
-
-def sandbox_rpc(sandbox: str, verb: str) -> str:
-    """Verbs about one sandbox, answered by the replica that holds it."""
-    return f"fleet.rpc.{BROKER}.sandbox.{check_id('sandbox', sandbox)}.{check_id('verb', verb)}"
-
-
-def sandbox_rpc_wildcard(sandbox: str) -> str:
-    return f"fleet.rpc.{BROKER}.sandbox.{check_id('sandbox', sandbox)}.*"
 
 
 # -- capabilities and limits ---------------------------------------------------------------
@@ -199,7 +185,12 @@ class DeleteSandbox(SandboxRef, frozen=True, kw_only=True):
 
 
 class ListSandboxes(Request, frozen=True, kw_only=True):
+    """One page of the tenant's sandboxes, oldest first; pass the reply's `next_cursor` back
+    for the next page."""
+
     session: str | None = None
+    cursor: str | None = None
+    limit: int = 100
 
 
 class BuildChild(SandboxRef, frozen=True, kw_only=True):
@@ -251,6 +242,18 @@ class Execute(SandboxRef, frozen=True, kw_only=True):
     callback_timeout_s: float = 600.0
 
 
+class InterruptCell(SandboxRef, frozen=True, kw_only=True):
+    """Stop the cell running in `context` now; the sandbox and its REPL state survive."""
+
+    context: str
+
+
+class Interrupted(msgspec.Struct, frozen=True, kw_only=True):
+    """`interrupted`: a cell was running and was stopped (False: nothing was running)."""
+
+    interrupted: bool
+
+
 class PutFile(SandboxRef, frozen=True, kw_only=True):
     path: str
     data: bytes | None = None
@@ -290,6 +293,7 @@ class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 class SandboxList(msgspec.Struct, frozen=True, kw_only=True):
     items: list[SandboxInfo]
+    next_cursor: str | None = None
 
 
 class ExecuteReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,7 +2,7 @@
 
 - `fleet.session.…`, `fleet.sandbox.…`, `fleet.budget.…`, `fleet.quality.…`: persisted events
 - `fleet.work.<service>.<kind>`: the work queue
-- `fleet.rpc.<service>.<verb>`: request/reply (core NATS, queue groups)
+- `fleet.rpc.<service>.<verb>`: request/reply (core NATS; `fleet_events.bus` names every verb)
 - `fleet.callback.<interpreter>`: tool callbacks relayed to one interpreter (core NATS)
 - `fleet.live.<tenant>.<session>`: unpersisted deltas
 """
@@ -20,10 +20,6 @@ def _service(service: str) -> str:
 
 def rpc(service: str, verb: str) -> str:
     return f"fleet.rpc.{_service(service)}.{check_id('verb', verb)}"
-
-
-def ping(service: str) -> str:
-    return rpc(service, "ping")
 
 
 def work(service: str, kind: str) -> str:

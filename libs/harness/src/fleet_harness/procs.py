@@ -13,12 +13,12 @@ from typing import IO
 
 from nats.errors import NoRespondersError
 
-from fleet_events import subjects
+from fleet_events import bus
+from fleet_events.bus import Ping, Pong
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
-from fleet_mesh.service import Ping, Pong
 
 
 @dataclass
@@ -167,7 +167,7 @@ async def _answering(nats_url: str, service: str, timeout: float) -> None:
 
     async def pong() -> Pong | None:
         try:
-            return await rpc.call(nc, subjects.ping(service), Ping(), Pong, timeout=0.5)
+            return await rpc.call_verb(nc, bus.ping(service), Ping(), timeout=0.5)
         except (TimeoutError, rpc.RemoteError, NoRespondersError):
             return None
 

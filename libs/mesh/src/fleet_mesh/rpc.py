@@ -19,6 +19,8 @@ from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from fleet_events.bus import Verb
+
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
 
@@ -148,6 +150,66 @@ async def call(
     if msg.headers and ERROR_HEADER in msg.headers:
         raise RemoteError(subject, msg.headers[ERROR_HEADER], msg.data.decode(errors="replace"))
     return msgspec.json.decode(msg.data, type=reply_type)
+
+
+async def serve_verb(
+    nc: Client,
+    verb: Verb[Req, Rep],
+    handler: Callable[[Req], Awaitable[Rep]],
+    *,
+    target: str | None = None,
+    max_bytes: int = MAX_REQUEST_BYTES,
+    concurrency: int = 64,
+) -> Served:
+    """Serve one catalog verb on its subject and in its queue group (see `fleet_events.bus`)."""
+    return await serve(
+        nc,
+        verb.subject(target),
+        verb.request,
+        handler,
+        queue=verb.queue(),
+        max_bytes=max_bytes,
+        concurrency=concurrency,
+    )
+
+
+async def call_verb(
+    nc: Client,
+    verb: Verb[Req, Rep],
+    request: Req,
+    *,
+    timeout: float,
+    target: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Rep:
+    """One request to a catalog verb, decoded as the verb's reply type."""
+    return await call(
+        nc, verb.subject(target), request, verb.reply, timeout=timeout, headers=headers
+    )
+
+
+async def call_verb_retrying(
+    nc: Client,
+    verb: Verb[Req, Rep],
+    request: Req,
+    *,
+    attempt_timeout: float,
+    deadline: float,
+    target: str | None = None,
+    retry_codes: frozenset[str] = frozenset({"internal", "unavailable"}),
+    on_retry: Callable[[int], object] | None = None,
+) -> Rep:
+    """`call_retrying` for a catalog verb (the same request id on every attempt)."""
+    return await call_retrying(
+        nc,
+        verb.subject(target),
+        request,
+        verb.reply,
+        attempt_timeout=attempt_timeout,
+        deadline=deadline,
+        retry_codes=retry_codes,
+        on_retry=on_retry,
+    )
 
 
 class NoFinalAnswer(TimeoutError):

@@ -15,27 +15,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import msgspec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from fleet_events import Actor, subjects
+from fleet_events import Actor, bus
+from fleet_events.bus import Ping, Pong, Verb
 from fleet_mesh import logs, rpc
 from fleet_mesh.connection import connect, server_address
 
 Req = TypeVar("Req")
+Rep = TypeVar("Rep")
 
-
-class Ping(msgspec.Struct, frozen=True, kw_only=True):
-    pass
-
-
-class Pong(msgspec.Struct, frozen=True, kw_only=True):
-    service: str
-    replica: str
-    pid: int
-    uptime_s: float
-    details: dict[str, Any] = {}
+__all__ = ["Ping", "Pong", "ServiceContext", "run", "serve_forever"]
 
 
 @dataclass
@@ -56,24 +47,22 @@ class ServiceContext:
 
     async def serve(
         self,
-        subject: str,
-        request_type: type[Req],
-        handler: Callable[[Req], Awaitable[Any]],
+        verb: Verb[Req, Rep],
+        handler: Callable[[Req], Awaitable[Rep]],
         *,
-        queue: str | None = None,
+        target: str | None = None,
+        max_bytes: int = rpc.MAX_REQUEST_BYTES,
         concurrency: int = 64,
-    ) -> None:
-        """Serve `subject` in this service's queue group: one replica answers each request,
-        up to `concurrency` at once."""
-        served = await rpc.serve(
-            self.nc,
-            subject,
-            request_type,
-            handler,
-            queue=self.name if queue is None else queue,
-            concurrency=concurrency,
+    ) -> rpc.Served:
+        """Serve one of this service's catalog verbs until the service stops: a queue-group
+        verb has one replica answer each request; up to `concurrency` run at once."""
+        if verb.service != self.name:
+            raise ValueError(f"{self.name} cannot serve {verb.key}: it is {verb.service}'s verb")
+        served = await rpc.serve_verb(
+            self.nc, verb, handler, target=target, max_bytes=max_bytes, concurrency=concurrency
         )
         self.served.append(served)
+        return served
 
 
 def replica_id(service: str) -> str:
@@ -111,7 +100,7 @@ async def serve_forever(
 
     await setup(ctx)
     # Ping last: a service that answers ping has every subscription of its setup live.
-    await ctx.serve(subjects.ping(name), Ping, pong)
+    await ctx.serve(bus.ping(name), pong)
     log.info("started", extra={"server": server_address(nc)})
     await stop.wait()
     log.info("stopping")

@@ -38,6 +38,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from pydantic_core import to_jsonable_python
 
 from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
 from fleet_events.envelope import new_id
 from fleet_mesh import rpc
@@ -119,7 +120,7 @@ class RemoteInterpreter:
                     context=self.context,
                     interpreter=self.id,
                 )
-                self.bus.call(sb.sandbox_rpc(self.sandbox, "open"), request, sb.Ack, timeout=30)
+                self.bus.call(verbs.OPEN_CONTEXT, request, target=self.sandbox, timeout=30)
             except Exception as exc:
                 self._ended = True
                 if self._inbox is not None:
@@ -143,7 +144,7 @@ class RemoteInterpreter:
         try:
             # A stopped or unreachable sandbox has no context left to close.
             with contextlib.suppress(Exception):
-                self.bus.call(sb.sandbox_rpc(self.sandbox, "close"), request, sb.Ack, timeout=10)
+                self.bus.call(verbs.CLOSE_CONTEXT, request, target=self.sandbox, timeout=10)
         finally:
             if self._inbox is not None:
                 self.bus.unsubscribe(self._inbox)
@@ -264,8 +265,8 @@ class RemoteInterpreter:
         """Wait for the cell, checking every `liveness_s` that a broker still holds the
         sandbox: a cell can legitimately run for long (host tools excluded from its wall
         limit), but a dead broker replica must not leave this thread waiting for an hour."""
-        call = rpc.call(
-            self.bus.nc, sb.sandbox_rpc(self.sandbox, "exec"), request, sb.ExecuteReply,
+        call = rpc.call_verb(
+            self.bus.nc, verbs.EXECUTE, request, target=self.sandbox,
             timeout=self.request_timeout_s,
         )  # fmt: skip
         pending = self.bus.submit(call)
@@ -277,9 +278,7 @@ class RemoteInterpreter:
                     request_id=new_id(), tenant=self.bus.tenant, sandbox=self.sandbox
                 )
                 try:
-                    self.bus.call(
-                        sb.sandbox_rpc(self.sandbox, "info"), probe, sb.SandboxInfo, timeout=5
-                    )
+                    self.bus.call(verbs.GET_SANDBOX, probe, target=self.sandbox, timeout=5)
                 except (NoRespondersError, TimeoutError, NatsTimeout) as exc:
                     pending.cancel()
                     raise CodeInterpreterError(

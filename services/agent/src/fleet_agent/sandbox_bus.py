@@ -20,18 +20,20 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
-from fleet_events import subjects
+from fleet_events.bus import Verb
 from fleet_events.envelope import BlobRef, new_id
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.connection import connect
 
 T = TypeVar("T")
+Req = TypeVar("Req")
 ToolHandler = Callable[[sb.ToolCall], sb.ToolReply]
 
 _encoder = msgspec.json.Encoder()
-_tool_calls = msgspec.json.Decoder(sb.ToolCall)
+_tool_calls = msgspec.json.Decoder(verbs.TOOL_CALL.request)
 
 
 class BusClosed(RuntimeError):
@@ -97,9 +99,12 @@ class SandboxBus:
             raise BusClosed("the sandbox bus is not started")
         return self._nc
 
-    def call(self, subject: str, request: Any, reply_type: type[T], *, timeout: float) -> T:
+    def call(
+        self, verb: Verb[Req, T], request: Req, *, timeout: float, target: str | None = None
+    ) -> T:
         return self.run(
-            rpc.call(self.nc, subject, request, reply_type, timeout=timeout), timeout=timeout + 5
+            rpc.call_verb(self.nc, verb, request, timeout=timeout, target=target),
+            timeout=timeout + 5,
         )
 
     # -- broker conveniences -----------------------------------------------------------------
@@ -119,31 +124,29 @@ class SandboxBus:
             limits=limits,
             fork_ready=fork_ready,
         )
-        return self.call(sb.broker_rpc("create"), request, sb.SandboxInfo, timeout=timeout)
+        return self.call(verbs.CREATE_SANDBOX, request, timeout=timeout)
 
     def fork_sandbox(self, sandbox: str, *, timeout: float = 30.0) -> sb.SandboxInfo:
         request = sb.ForkSandbox(request_id=new_id(), tenant=self.tenant, sandbox=sandbox)
-        return self.call(sb.sandbox_rpc(sandbox, "fork"), request, sb.SandboxInfo, timeout=timeout)
+        return self.call(verbs.FORK_SANDBOX, request, target=sandbox, timeout=timeout)
 
     def sandbox_info(self, sandbox: str, *, timeout: float = 10.0) -> sb.SandboxInfo:
         request = sb.GetSandbox(request_id=new_id(), tenant=self.tenant, sandbox=sandbox)
-        return self.call(sb.sandbox_rpc(sandbox, "info"), request, sb.SandboxInfo, timeout=timeout)
+        return self.call(verbs.GET_SANDBOX, request, target=sandbox, timeout=timeout)
 
     def delete_sandbox(self, sandbox: str, *, timeout: float = 30.0) -> None:
         request = sb.DeleteSandbox(request_id=new_id(), tenant=self.tenant, sandbox=sandbox)
-        self.call(sb.sandbox_rpc(sandbox, "delete"), request, sb.Ack, timeout=timeout)
+        self.call(verbs.DELETE_SANDBOX, request, target=sandbox, timeout=timeout)
 
     def put_file(self, sandbox: str, path: str, data: bytes, *, timeout: float = 30.0) -> None:
         request = sb.PutFile(
             request_id=new_id(), tenant=self.tenant, sandbox=sandbox, path=path, data=data
         )
-        self.call(sb.sandbox_rpc(sandbox, "put"), request, sb.FileInfo, timeout=timeout)
+        self.call(verbs.PUT_FILE, request, target=sandbox, timeout=timeout)
 
     def read_file(self, sandbox: str, path: str, *, timeout: float = 30.0) -> bytes:
         request = sb.GetFile(request_id=new_id(), tenant=self.tenant, sandbox=sandbox, path=path)
-        content = self.call(
-            sb.sandbox_rpc(sandbox, "read"), request, sb.FileContent, timeout=timeout
-        )
+        content = self.call(verbs.GET_FILE, request, target=sandbox, timeout=timeout)
         return content.data or b""
 
     def put_blob(self, data: bytes, *, timeout: float = 60.0) -> BlobRef:
@@ -179,7 +182,9 @@ class SandboxBus:
             _pending.add(task)
             task.add_done_callback(_pending.discard)
 
-        return self.run(self.nc.subscribe(subjects.callback(interpreter), cb=on_msg), timeout=10)
+        return self.run(
+            self.nc.subscribe(verbs.TOOL_CALL.subject(interpreter), cb=on_msg), timeout=10
+        )
 
     def unsubscribe(self, subscription: Subscription) -> None:
         with contextlib.suppress(Exception):

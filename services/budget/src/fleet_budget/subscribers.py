@@ -1,20 +1,20 @@
 """Thin adapters from `fleet.rpc.budget.<verb>` to the use cases, errors to RPC errors."""
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fleet_budget.errors import BudgetError, Malformed
 from fleet_budget.handlers import Budget
-from fleet_events import InvalidId, subjects
-from fleet_events.budget import AdmitChild, CloseTree, GetStatus, Grant, OpenTree, RecordUsage
+from fleet_events import InvalidId, bus
 from fleet_mesh.rpc import BadRequest, RpcError
 from fleet_mesh.service import ServiceContext
 
 Req = TypeVar("Req")
+Rep = TypeVar("Rep")
 
 
-def _answering(handler: Callable[[Req], Awaitable[Any]]) -> Callable[[Req], Awaitable[Any]]:
-    async def answer(request: Req) -> Any:
+def _answering(handler: Callable[[Req], Awaitable[Rep]]) -> Callable[[Req], Awaitable[Rep]]:
+    async def answer(request: Req) -> Rep:
         try:
             return await handler(request)
         except (Malformed, InvalidId) as exc:
@@ -27,18 +27,9 @@ def _answering(handler: Callable[[Req], Awaitable[Any]]) -> Callable[[Req], Awai
 
 async def subscribe(ctx: ServiceContext, budget: Budget, *, concurrency: int) -> None:
     """Every verb in the `budget` queue group, up to `concurrency` requests at once per verb."""
-    routes: list[tuple[str, type[Any], Callable[[Any], Awaitable[Any]]]] = [
-        ("open", OpenTree, budget.open),
-        ("grant", Grant, budget.grant),
-        ("usage", RecordUsage, budget.record_usage),
-        ("admit", AdmitChild, budget.admit),
-        ("close", CloseTree, budget.close),
-        ("status", GetStatus, budget.status),
-    ]
-    for verb, request_type, handler in routes:
-        await ctx.serve(
-            subjects.rpc("budget", verb),
-            request_type,
-            _answering(handler),
-            concurrency=concurrency,
-        )
+    await ctx.serve(bus.OPEN_TREE, _answering(budget.open), concurrency=concurrency)
+    await ctx.serve(bus.GRANT, _answering(budget.grant), concurrency=concurrency)
+    await ctx.serve(bus.RECORD_USAGE, _answering(budget.record_usage), concurrency=concurrency)
+    await ctx.serve(bus.ADMIT_CHILD, _answering(budget.admit), concurrency=concurrency)
+    await ctx.serve(bus.CLOSE_TREE, _answering(budget.close), concurrency=concurrency)
+    await ctx.serve(bus.TREE_STATUS, _answering(budget.status), concurrency=concurrency)

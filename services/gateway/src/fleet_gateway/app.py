@@ -17,12 +17,13 @@ from fastapi.responses import JSONResponse
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
-from fleet_events import subjects
+from fleet_events import bus
+from fleet_events.bus import Ping, Pong
 from fleet_gateway.config import GatewaySettings
 from fleet_gateway.readiness import Readiness, check
 from fleet_mesh import logs, rpc
 from fleet_mesh.connection import connect
-from fleet_mesh.service import Ping, Pong, replica_id
+from fleet_mesh.service import replica_id
 
 SERVICE = "gateway"
 STOP_GRACE_S = 5.0
@@ -51,7 +52,7 @@ async def _open(state: GatewayState) -> None:
             uptime_s=round(time.monotonic() - state.started, 3),
         )
 
-    state.served.append(await rpc.serve(nc, subjects.ping(SERVICE), Ping, pong, queue=SERVICE))
+    state.served.append(await rpc.serve_verb(nc, bus.ping(SERVICE), pong))
 
 
 async def _close(state: GatewayState) -> None:

@@ -15,10 +15,10 @@ from nats.errors import NoRespondersError
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
-from fleet_events import streams, subjects
+from fleet_events import bus, streams
+from fleet_events.bus import Ping
 from fleet_mesh import rpc
 from fleet_mesh.connection import server_address
-from fleet_mesh.service import Ping, Pong
 
 State = Literal["up", "down"]
 Kind = Literal["nats", "stream", "kv", "object_store", "service"]
@@ -59,7 +59,7 @@ async def _store(nc: Client, name: str, kind: Kind, stream: str, timeout: float)
 async def _service(nc: Client, service: str, timeout: float) -> Component:
     started = time.perf_counter()
     try:
-        pong = await rpc.call(nc, subjects.ping(service), Ping(), Pong, timeout=timeout)
+        pong = await rpc.call_verb(nc, bus.ping(service), Ping(), timeout=timeout)
     except NoRespondersError:
         return Component(name=service, kind="service", state="down", detail="no replica running")
     except TimeoutError:  # nats' own TimeoutError subclasses the builtin one

@@ -14,8 +14,8 @@ from typing import Any
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from fleet_events import bus
 from fleet_events import sandbox as sb
-from fleet_events import subjects
 from fleet_events.codec import BlobStore, sha256_hex
 from fleet_events.envelope import Envelope, Event, new_id, utc_now
 from fleet_events.ids import check_id
@@ -341,10 +341,9 @@ class Broker:
             if interpreter is None:
                 return sb.ToolReply(ok=False, error="this context has no interpreter for tools")
             try:
-                return await rpc.call(
-                    self.ctx.nc, subjects.callback(interpreter), call, sb.ToolReply,
-                    timeout=timeout,
-                )  # fmt: skip
+                return await rpc.call_verb(
+                    self.ctx.nc, bus.TOOL_CALL, call, target=interpreter, timeout=timeout
+                )
             except (TimeoutError, NatsTimeout):
                 return sb.ToolReply(
                     ok=False, error=f"host tool {call.name!r} did not answer within {timeout:g} s"
@@ -433,8 +432,8 @@ class Broker:
         same volume and subpath (REPL memory lost, files on the volume kept)."""
         ask = sb.GetSandbox(request_id=new_id(), tenant=req.tenant, sandbox=req.sandbox)
         try:
-            info = await rpc.call(
-                self.ctx.nc, sb.sandbox_rpc(req.sandbox, "info"), ask, sb.SandboxInfo, timeout=5
+            info = await rpc.call_verb(
+                self.ctx.nc, bus.GET_SANDBOX, ask, target=req.sandbox, timeout=5
             )
             if info.status == "running":
                 return info

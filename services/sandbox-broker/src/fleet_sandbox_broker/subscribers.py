@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from fleet_events import sandbox as sb
+from fleet_events import bus
 from fleet_events.ids import InvalidId, check_id
 from fleet_mesh import rpc
 from fleet_mesh.service import ServiceContext
@@ -39,44 +39,49 @@ class Routes:
 
     async def start(self) -> None:
         b = self.broker
-        for verb, kind, handler in (
-            ("create", sb.CreateSandbox, b.create),
-            ("list", sb.ListSandboxes, b.list),
-            ("resume", sb.ResumeSandbox, b.resume),
-            ("volume_list", sb.ListVolume, b.volume_list),
-            ("volume_read", sb.ReadVolumeFile, b.volume_read),
-        ):
-            self.ctx.served.append(
-                await self._serve(sb.broker_rpc(verb), kind, handler, self.ctx.name)
-            )
+        routes: list[tuple[bus.Verb[Any, Any], Callable[[Any], Awaitable[Any]]]] = [
+            (bus.CREATE_SANDBOX, b.create),
+            (bus.LIST_SANDBOXES, b.list),
+            (bus.RESUME_SANDBOX, b.resume),
+            (bus.LIST_VOLUME, b.volume_list),
+            (bus.READ_VOLUME_FILE, b.volume_read),
+        ]
+        for verb, handler in routes:
+            self.ctx.served.append(await self._serve(verb, handler))
 
     async def serve_sandbox(self, held: Held) -> None:
         """Subscribe this replica (alone) to one sandbox's subjects."""
         b = self.broker
-        routes: list[tuple[str, type[Any], Any]] = [
-            ("fork", sb.ForkSandbox, b.fork),
-            ("build_child", sb.BuildChild, b.build_child),
-            ("open", sb.OpenContext, b.open_context),
-            ("close", sb.CloseContext, b.close_context),
-            ("exec", sb.Execute, b.execute),
-            ("put", sb.PutFile, b.put_file),
-            ("read", sb.GetFile, b.get_file),
-            ("info", sb.GetSandbox, b.get),
-            ("delete", sb.DeleteSandbox, b.delete),
+        routes: list[tuple[bus.Verb[Any, Any], Callable[[Any], Awaitable[Any]]]] = [
+            (bus.FORK_SANDBOX, b.fork),
+            (bus.BUILD_CHILD, b.build_child),
+            (bus.OPEN_CONTEXT, b.open_context),
+            (bus.CLOSE_CONTEXT, b.close_context),
+            (bus.EXECUTE, b.execute),
+            (bus.PUT_FILE, b.put_file),
+            (bus.GET_FILE, b.get_file),
+            (bus.GET_SANDBOX, b.get),
+            (bus.DELETE_SANDBOX, b.delete),
         ]
-        for verb, kind, handler in routes:
-            subject = sb.sandbox_rpc(held.box.id, verb)
-            held.served.append(await self._serve(subject, kind, handler, ""))
+        for verb, handler in routes:
+            held.served.append(await self._serve(verb, handler, target=held.box.id))
 
     async def release(self, held: Held) -> None:
         for served in held.served:
             await served.stop(grace=0)
 
-    async def _serve(self, subject: str, kind: type[Any], handler: Any, queue: str) -> rpc.Served:
+    async def _serve(
+        self,
+        verb: bus.Verb[Any, Any],
+        handler: Callable[[Any], Awaitable[Any]],
+        target: str | None = None,
+    ) -> rpc.Served:
+        subject = verb.subject(target)
+
         async def guarded(request: Any) -> Any:
             try:
                 check_id("tenant", request.tenant)
-                big = isinstance(request, sb.Execute)
+                big = verb is bus.EXECUTE
                 # A retry is the same request to the same place by the same tenant: keyed so,
                 # a request id learnt (or reused) elsewhere never returns someone else's answer.
                 key = f"{subject}|{request.tenant}|{request.request_id}"
@@ -86,8 +91,8 @@ class Routes:
             except SandboxError as exc:
                 raise rpc.RpcError(exc.code, exc.message) from exc
 
-        return await rpc.serve(
-            self.ctx.nc, subject, kind, guarded, queue=queue, max_bytes=self.max_request_bytes
+        return await rpc.serve_verb(
+            self.ctx.nc, verb, guarded, target=target, max_bytes=self.max_request_bytes
         )
 
     async def _once(self, key: str, work: Callable[[], Awaitable[R]], *, big: bool = False) -> R:

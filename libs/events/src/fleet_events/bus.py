@@ -1,0 +1,304 @@
+"""The bus catalog: every request/reply verb and every other subject, typed, in one place.
+
+A verb names its service, its request and reply types and its scope, so the serving side
+(`fleet_mesh.rpc.serve_verb`, `ServiceContext.serve`) and the calling side
+(`fleet_mesh.rpc.call_verb`) are written against the same object and cannot drift: no verb is
+spelled as a string anywhere else. The subject and verb tables of docs/architecture.md and the
+AsyncAPI document (`fleet_events.asyncapi`) are generated from here; a test fails when the doc
+is stale.
+
+Scopes:
+- `service`: `fleet.rpc.<service>.<verb>`, served in the service's queue group (any replica);
+- `sandbox`: `fleet.rpc.sandbox-broker.sandbox.<sandbox>.<verb>`, served by the one broker
+  replica holding that sandbox's processes (no queue group: "no responders" means it is gone);
+- `interpreter`: `fleet.callback.<interpreter>`, served by the one interpreter that owns the
+  REPL context whose code called a host tool.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+import msgspec
+
+from fleet_events import budget, quality, run, session, subjects
+from fleet_events import sandbox as sb
+from fleet_events.envelope import Event
+from fleet_events.ids import check_id
+
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
+
+Scope = Literal["service", "sandbox", "interpreter"]
+
+
+class Ping(msgspec.Struct, frozen=True, kw_only=True):
+    """Every service answers it once every subscription of its setup is live."""
+
+
+class Pong(msgspec.Struct, frozen=True, kw_only=True):
+    service: str
+    replica: str
+    pid: int
+    uptime_s: float
+    details: dict[str, Any] = {}
+
+
+@dataclass(frozen=True, eq=False)
+class Verb(Generic[Req, Rep]):
+    service: str
+    name: str
+    request: type[Req]
+    reply: type[Rep]
+    scope: Scope
+    summary: str
+
+    def subject(self, target: str | None = None) -> str:
+        """The subject to call or serve; `target` is the sandbox or interpreter id of a
+        per-sandbox or per-interpreter verb, and must be absent for a queue-group verb."""
+        if self.scope == "service":
+            if target is not None:
+                raise ValueError(f"{self.key} is a queue-group verb: it takes no target")
+            return subjects.rpc(self.service, self.name)
+        if target is None:
+            raise ValueError(f"{self.key} is a per-{self.scope} verb: give the {self.scope} id")
+        if self.scope == "sandbox":
+            return (
+                f"{subjects.rpc(self.service, 'sandbox')}.{check_id('sandbox', target)}.{self.name}"
+            )
+        return subjects.callback(target)
+
+    @property
+    def key(self) -> str:
+        return f"{self.service}.{self.name}"
+
+    @property
+    def pattern(self) -> str:
+        """The subject with its parameter spelled as `{sandbox}` / `{interpreter}`."""
+        if self.scope == "service":
+            return self.subject()
+        if self.scope == "sandbox":
+            return f"fleet.rpc.{self.service}.sandbox.{{sandbox}}.{self.name}"
+        return "fleet.callback.{interpreter}"
+
+    def queue(self) -> str:
+        """The queue group its servers join ("" for a verb with exactly one server)."""
+        return self.service if self.scope == "service" else ""
+
+
+def _broker(name: str, request: type[Req], reply: type[Rep], summary: str) -> Verb[Req, Rep]:
+    return Verb(sb.BROKER, name, request, reply, "service", summary)
+
+
+def _sandbox(name: str, request: type[Req], reply: type[Rep], summary: str) -> Verb[Req, Rep]:
+    return Verb(sb.BROKER, name, request, reply, "sandbox", summary)
+
+
+def _budget(name: str, request: type[Req], reply: type[Rep], summary: str) -> Verb[Req, Rep]:
+    return Verb("budget", name, request, reply, "service", summary)
+
+
+# -- every service ---------------------------------------------------------------------------
+
+PING: dict[str, Verb[Ping, Pong]] = {
+    name: Verb(name, "ping", Ping, Pong, "service", "liveness; answered once setup is done")
+    for name in subjects.SERVICES
+}
+
+
+def ping(service: str) -> Verb[Ping, Pong]:
+    try:
+        return PING[service]
+    except KeyError:
+        raise ValueError(
+            f"unknown service {service!r}: expected one of {', '.join(subjects.SERVICES)}"
+        ) from None
+
+
+# -- sandbox broker: queue group -------------------------------------------------------------
+
+CREATE_SANDBOX = _broker(
+    "create", sb.CreateSandbox, sb.SandboxInfo, "start a sandbox (repo, volume, context files)"
+)
+LIST_SANDBOXES = _broker(
+    "list", sb.ListSandboxes, sb.SandboxList, "one page of the tenant's sandboxes"
+)
+RESUME_SANDBOX = _broker(
+    "resume", sb.ResumeSandbox, sb.SandboxInfo,
+    "the session's sandbox, or a replacement on the same volume if it is gone",
+)  # fmt: skip
+LIST_VOLUME = _broker("volume_list", sb.ListVolume, sb.VolumeListing, "browse a durable volume")
+READ_VOLUME_FILE = _broker(
+    "volume_read", sb.ReadVolumeFile, sb.FileContent, "read a file of a durable volume"
+)
+
+# -- sandbox broker: the replica holding one sandbox ----------------------------------------
+
+FORK_SANDBOX = _sandbox("fork", sb.ForkSandbox, sb.SandboxInfo, "fork files and REPL memory")
+BUILD_CHILD = _sandbox(
+    "build_child", sb.BuildChild, sb.ChildSandbox,
+    "a child sandbox for a recursive run, under the isolation policy",
+)  # fmt: skip
+OPEN_CONTEXT = _sandbox("open", sb.OpenContext, sb.Ack, "open a named REPL context")
+CLOSE_CONTEXT = _sandbox("close", sb.CloseContext, sb.Ack, "close a REPL context")
+EXECUTE = _sandbox("exec", sb.Execute, sb.ExecuteReply, "run one cell in a context")
+INTERRUPT_CELL = _sandbox(
+    "interrupt", sb.InterruptCell, sb.Interrupted, "stop the running cell; the sandbox survives"
+)
+PUT_FILE = _sandbox("put", sb.PutFile, sb.FileInfo, "write a workspace file")
+GET_FILE = _sandbox("read", sb.GetFile, sb.FileContent, "read a workspace file")
+GET_SANDBOX = _sandbox("info", sb.GetSandbox, sb.SandboxInfo, "the sandbox's current state")
+DELETE_SANDBOX = _sandbox("delete", sb.DeleteSandbox, sb.Ack, "stop it and remove its files")
+
+# -- budget ------------------------------------------------------------------------------------
+
+OPEN_TREE = _budget("open", budget.OpenTree, budget.OpenReply, "open a turn's budget tree")
+GRANT = _budget("grant", budget.Grant, budget.GrantReply, "reserve LLM calls and tokens")
+RECORD_USAGE = _budget(
+    "usage", budget.RecordUsage, budget.UsageReply, "record what a granted call used"
+)
+ADMIT_CHILD = _budget("admit", budget.AdmitChild, budget.AdmitReply, "admit a child run")
+CLOSE_TREE = _budget("close", budget.CloseTree, budget.TreeStatus, "close a tree")
+TREE_STATUS = _budget("status", budget.GetStatus, budget.TreeStatus, "a tree's spend and caps")
+
+# -- callbacks ---------------------------------------------------------------------------------
+
+TOOL_CALL: Verb[sb.ToolCall, sb.ToolReply] = Verb(
+    "agent", "tool", sb.ToolCall, sb.ToolReply, "interpreter",
+    "a host tool called by sandbox code, relayed by the broker to the owning interpreter",
+)  # fmt: skip
+
+VERBS: tuple[Verb[Any, Any], ...] = (
+    *PING.values(),
+    CREATE_SANDBOX,
+    LIST_SANDBOXES,
+    RESUME_SANDBOX,
+    LIST_VOLUME,
+    READ_VOLUME_FILE,
+    FORK_SANDBOX,
+    BUILD_CHILD,
+    OPEN_CONTEXT,
+    CLOSE_CONTEXT,
+    EXECUTE,
+    INTERRUPT_CELL,
+    PUT_FILE,
+    GET_FILE,
+    GET_SANDBOX,
+    DELETE_SANDBOX,
+    OPEN_TREE,
+    GRANT,
+    RECORD_USAGE,
+    ADMIT_CHILD,
+    CLOSE_TREE,
+    TREE_STATUS,
+    TOOL_CALL,
+)
+
+
+def verbs_of(service: str, scope: Scope | None = None) -> tuple[Verb[Any, Any], ...]:
+    return tuple(v for v in VERBS if v.service == service and (scope is None or v.scope == scope))
+
+
+# -- the other subjects: event streams, work queues, live deltas ------------------------------
+
+Kind = Literal["events", "work", "live"]
+
+
+@dataclass(frozen=True)
+class Channel:
+    """A subject pattern that is not a verb. `events`: what may be appended there (wrapped
+    in the `Envelope`); `stream`: the JetStream stream that captures it (None: core NATS)."""
+
+    name: str
+    pattern: str
+    kind: Kind
+    stream: str | None
+    summary: str
+    events: tuple[type[Event], ...] = ()
+    payload: type[Any] | None = None
+
+
+class LiveDelta(msgspec.Struct, frozen=True, kw_only=True):
+    """An unpersisted delta (a streamed token, a stdout chunk); the persisted event follows."""
+
+    kind: str
+    run: str | None = None
+    text: str = ""
+
+
+CHANNELS: tuple[Channel, ...] = (
+    Channel(
+        "session-log", "fleet.session.{tenant}.{session}.log", "events", "SESSIONS",
+        "session-level events: created, turns requested and ended, memory, documents",
+        events=session.EVENTS,
+    ),
+    Channel(
+        "session-run", "fleet.session.{tenant}.{session}.run.{run}", "events", "SESSIONS",
+        "one run's steps, written only by the replica executing that run",
+        events=run.EVENTS,
+    ),
+    Channel(
+        "sandbox", "fleet.sandbox.{tenant}.{sandbox}", "events", "SANDBOXES",
+        "a sandbox's lifecycle", events=sb.EVENTS,
+    ),
+    Channel(
+        "budget-tree", "fleet.budget.{tree}", "events", "BUDGET",
+        "one recursive tree's ledger", events=budget.EVENTS,
+    ),
+    Channel(
+        "budget-tenant-day", "fleet.budget.tenant.{tenant}.{day}", "events", "BUDGET",
+        "a tenant's daily ledger (charges and releases)", events=budget.EVENTS,
+    ),
+    Channel(
+        "quality", "fleet.quality.{kind}.{id}", "events", "QUALITY",
+        "datasets, evaluation runs, promotions", events=quality.EVENTS,
+    ),
+    Channel(
+        "work", "fleet.work.{service}.{kind}", "work", "WORK",
+        "work items (turns, child runs, optimization runs), pulled by any replica and acked "
+        "when done",
+    ),
+    Channel(
+        "live", "fleet.live.{tenant}.{session}", "live", None,
+        "unpersisted deltas for watchers; everything that matters is also an event",
+        payload=LiveDelta,
+    ),
+)  # fmt: skip
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def verb_markdown() -> str:
+    """The verb table of docs/architecture.md (a test keeps the doc in step)."""
+    rows = [
+        "| service | verb | scope | subject | request → reply | meaning |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in VERBS:
+        if v.name == "ping" and v.service != subjects.SERVICES[0]:
+            continue
+        service = "every service" if v.name == "ping" else v.service
+        subject = "fleet.rpc.{service}.ping" if v.name == "ping" else v.pattern
+        types = f"`{v.request.__name__}` → `{v.reply.__name__}`"
+        rows.append(
+            f"| {service} | `{v.name}` | {v.scope} | `{subject}` | {types} | {_cell(v.summary)} |"
+        )
+    return "\n".join(rows)
+
+
+def channel_markdown() -> str:
+    """The subject table of docs/architecture.md, beside the verb table."""
+    rows = ["| subject | kind | stream | carries | meaning |", "|---|---|---|---|---|"]
+    for c in CHANNELS:
+        if c.events:
+            carries = ", ".join(f"`{e.__struct_config__.tag}`" for e in c.events)
+        elif c.payload is not None:
+            carries = f"`{c.payload.__name__}`"
+        elif c.kind == "events":
+            carries = "(no event types yet)"
+        else:
+            carries = "work items"
+        stream = c.stream or "core NATS"
+        rows.append(f"| `{c.pattern}` | {c.kind} | {stream} | {carries} | {_cell(c.summary)} |")
+    return "\n".join(rows)

@@ -1,20 +1,22 @@
-"""Connecting to NATS, and refusing a server too old to keep our guarantees."""
+"""Connecting to NATS, and refusing a server too old to keep our guarantees.
 
-import os
+No backoff is written here (so no stamina): with `max_reconnect_attempts=-1` nats-py itself
+keeps trying, the first connection as well as later ones, every `reconnect_time_wait`, so a
+service started before its NATS cluster (compose) comes up when the cluster does.
+"""
 
 import nats
 from nats.aio.client import Client
 
+from fleet_mesh.settings import DEFAULT_URL, load_settings, parse_servers
+
+__all__ = ["DEFAULT_URL", "MIN_SERVER", "ServerTooOld", "connect", "require_server_version"]
+
 MIN_SERVER = (2, 12, 0)
-DEFAULT_URL = "nats://127.0.0.1:4222"
 
 
 class ServerTooOld(RuntimeError):
     pass
-
-
-def nats_url() -> str:
-    return os.environ.get("NATS_URL", DEFAULT_URL)
 
 
 def server_address(nc: Client) -> str:
@@ -42,8 +44,10 @@ def require_server_version(nc: Client, minimum: tuple[int, int, int] = MIN_SERVE
 
 
 async def connect(url: str | None = None, *, name: str = "fleet") -> Client:
+    """`url` (one URL or a comma-separated list) or else `NATS_URL`, through `MeshSettings`."""
+    servers = parse_servers(url) if url else load_settings().servers
     nc = await nats.connect(
-        url or nats_url(),
+        servers,
         name=name,
         connect_timeout=5,
         max_reconnect_attempts=-1,

@@ -84,6 +84,59 @@ class ForkRefused(Frame, frozen=True, kw_only=True, tag="fork_failed"):
     error: str
 
 
+# -- broker -> runner ---------------------------------------------------------------------
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True, tag_field="t"):
+    """What the broker sends; the runner (stdlib only) reads these as plain JSON objects."""
+
+
+class Init(Request, frozen=True, kw_only=True, tag="init"):
+    limits: dict[str, int]
+    cell_cpu_s: int
+    checkpoints: bool
+    output_cap: int
+    max_frame: int
+    max_in: int
+
+
+class Exec(Request, frozen=True, kw_only=True, tag="exec"):
+    exec: str
+    ctx: str
+    code: str
+    vars: dict[str, str]
+    blobs: dict[str, str]
+    tools: list[str]
+    output_fields: list[dict[str, Any]] | None
+
+
+class ToolResult(Request, frozen=True, kw_only=True, tag="tool_result"):
+    id: int
+    ok: bool
+    value: Any = None
+    error: str = ""
+
+
+class Open(Request, frozen=True, kw_only=True, tag="open"):
+    ctx: str
+    req: str
+
+
+class Close(Request, frozen=True, kw_only=True, tag="close"):
+    ctx: str
+    req: str
+
+
+class Fork(Request, frozen=True, kw_only=True, tag="fork"):
+    """Sent with the child's socket in SCM_RIGHTS."""
+
+    fork: str
+    cwd: str
+    env: dict[str, str]
+
+
+# -- runner -> broker ---------------------------------------------------------------------
+
 AnyFrame = Union[  # noqa: UP007 - msgspec needs a runtime union
     Ready,
     Ok,
@@ -113,7 +166,7 @@ class Channel:
         self._buf = bytearray()
         self._send_lock = asyncio.Lock()
 
-    async def send(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
+    async def send(self, message: Request, fds: tuple[int, ...] = ()) -> None:
         body = _encoder.encode(message)
         frame = HEADER.pack(len(body)) + body
         loop = asyncio.get_running_loop()

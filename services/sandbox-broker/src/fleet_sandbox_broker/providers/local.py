@@ -26,7 +26,7 @@ import signal
 import socket
 import subprocess
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,9 @@ class LocalSettings:
     # host directories replaced by an empty read-only tmpfs inside every sandbox (world-readable
     # is not the same as public: project checkouts, service state, sockets under /run)
     hide: tuple[str, ...] = HIDE
+    # host tool calls in flight at once per sandbox; more are refused to the sandbox at once
+    # (its code can write `tool` frames of its own, each would be a relay on the host)
+    max_tool_calls: int = 8
 
 
 @dataclass
@@ -142,6 +145,7 @@ class _Exec:
     relay: ToolRelay
     context: str
     timer: asyncio.TimerHandle | None = None
+    calls: set["asyncio.Task[None]"] = field(default_factory=set)
 
 
 class LocalSandbox:
@@ -170,11 +174,17 @@ class LocalSandbox:
         self._reader: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._tool_tasks: set[asyncio.Task[None]] = set()
         self.contexts: set[str] = set()
         self.on_stop: list[Callable[[Any], Awaitable[None]]] = []
         self._stopped = asyncio.Event()
 
     # -- state -------------------------------------------------------------------------------
+
+    @property
+    def tool_tasks(self) -> set[asyncio.Task[None]]:
+        """Host tool calls in flight (each a relay task); empty between cells."""
+        return set(self._tool_tasks)
 
     @property
     def running(self) -> bool:
@@ -241,11 +251,7 @@ class LocalSandbox:
                 if not self._ready.done():
                     self._ready.set_result(pid)
             case frames.ToolRequest():
-                if frame.exec not in self._execs:
-                    raise ProtocolViolation(f"tool call for unknown execution {frame.exec!r}")
-                task = asyncio.create_task(self._relay(frame))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                await self._start_tool_call(frame)
             case frames.Fatal():
                 kind = {"cpu": "cpu_time", "memory": "memory"}.get(frame.kind, "exited")
                 label = {"cpu_time": "CPU time", "memory": "memory"}.get(kind, frame.kind)
@@ -276,6 +282,26 @@ class LocalSandbox:
             return f" of {self.limits.memory_mb} MiB"
         return ""
 
+    async def _start_tool_call(self, frame: frames.ToolRequest) -> None:
+        """A relay task per call, at most `max_tool_calls` at once: sandbox code can write
+        `tool` frames itself, so one beyond the bound is refused to the sandbox at once."""
+        pending = self._execs.get(frame.exec)
+        if pending is None:
+            raise ProtocolViolation(f"tool call for unknown execution {frame.exec!r}")
+        cap = self._provider.settings.max_tool_calls
+        if len(self._tool_tasks) >= cap:
+            error = (
+                f"host tool {frame.name!r} refused: {len(self._tool_tasks)} host tool calls of "
+                f"this sandbox are already in flight (at most {cap} at once)"
+            )
+            with contextlib.suppress(OSError):
+                await self._channel.send(frames.ToolResult(id=frame.id, ok=False, error=error))
+            return
+        task = asyncio.create_task(self._relay(frame))
+        pending.calls.add(task)
+        self._tool_tasks.add(task)
+        task.add_done_callback(self._tool_tasks.discard)
+
     async def _relay(self, frame: frames.ToolRequest) -> None:
         pending = self._execs.get(frame.exec)
         if pending is None:
@@ -300,18 +326,12 @@ class LocalSandbox:
             self._arm(pending)
         with contextlib.suppress(OSError):
             await self._channel.send(
-                {
-                    "t": "tool_result",
-                    "id": frame.id,
-                    "ok": reply.ok,
-                    "value": reply.value,
-                    "error": reply.error,
-                }
+                frames.ToolResult(id=frame.id, ok=reply.ok, value=reply.value, error=reply.error)
             )
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def _request(self, message: dict[str, Any], key: str, timeout: float) -> Any:
+    async def _request(self, message: frames.Request, key: str, timeout: float) -> Any:
         self._check_running()
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[key] = waiter
@@ -323,7 +343,7 @@ class LocalSandbox:
 
     async def open_context(self, context: str) -> None:
         req = new_id()
-        await self._request({"t": "open", "ctx": context, "req": req}, req, 10)
+        await self._request(frames.Open(ctx=context, req=req), req, 10)
         self.contexts.add(context)
 
     async def close_context(self, context: str) -> None:
@@ -331,7 +351,7 @@ class LocalSandbox:
             self.contexts.discard(context)
             return
         req = new_id()
-        await self._request({"t": "close", "ctx": context, "req": req}, req, 10)
+        await self._request(frames.Close(ctx=context, req=req), req, 10)
         self.contexts.discard(context)
 
     async def execute(
@@ -352,17 +372,11 @@ class LocalSandbox:
         pending = _Exec(loop.create_future(), Stopwatch(wall_s), relay, context)
         self._execs[exec_id] = pending
         await self._channel.send(
-            {
-                "t": "exec",
-                "exec": exec_id,
-                "ctx": context,
-                "code": code,
-                "vars": variables,
-                "blobs": blobs,
-                "tools": tools,
-                "output_fields": output_fields,
-            }
-        )
+            frames.Exec(
+                exec=exec_id, ctx=context, code=code, vars=variables, blobs=blobs, tools=tools,
+                output_fields=output_fields,
+            )
+        )  # fmt: skip
         self._arm(pending)
         try:
             frame = await pending.future
@@ -372,6 +386,8 @@ class LocalSandbox:
             if pending.timer is not None:
                 pending.timer.cancel()
             self._execs.pop(exec_id, None)
+            for call in pending.calls:  # a cell's host calls end with it
+                call.cancel()
         return _reply(frame)
 
     def _arm(self, pending: _Exec) -> None:
@@ -422,12 +438,7 @@ class LocalSandbox:
         try:
             child.start_reading()
             await self._channel.send(
-                {
-                    "t": "fork",
-                    "fork": key,
-                    "cwd": str(child.workspace),
-                    "env": _env_for(child.directory),
-                },
+                frames.Fork(fork=key, cwd=str(child.workspace), env=_env_for(child.directory)),
                 (theirs.fileno(),),
             )
             theirs.close()
@@ -624,9 +635,8 @@ class LocalProvider:
         mb = 1024 * 1024
         try:
             await sandbox._channel.send(
-                {
-                    "t": "init",
-                    "limits": {
+                frames.Init(
+                    limits={
                         "RLIMIT_AS": limits.memory_mb * mb,
                         "RLIMIT_CPU": limits.cpu_s_total,
                         "RLIMIT_NPROC": limits.nproc,
@@ -634,12 +644,12 @@ class LocalProvider:
                         "RLIMIT_NOFILE": limits.open_files,
                         "RLIMIT_CORE": 0,
                     },
-                    "cell_cpu_s": limits.cpu_s_per_cell,
-                    "checkpoints": fork_ready,
-                    "output_cap": self.settings.output_cap,
-                    "max_frame": self.settings.max_frame,
-                    "max_in": 256 * mb,
-                }
+                    cell_cpu_s=limits.cpu_s_per_cell,
+                    checkpoints=fork_ready,
+                    output_cap=self.settings.output_cap,
+                    max_frame=self.settings.max_frame,
+                    max_in=256 * mb,
+                )
             )
             await sandbox.wait_ready(self.settings.start_timeout_s)
         except BaseException:

@@ -135,9 +135,24 @@ class Fork(Request, frozen=True, kw_only=True, tag="fork"):
     env: dict[str, str]
 
 
+class Interrupt(Request, frozen=True, kw_only=True, tag="interrupt"):
+    exec: str
+    ctx: str
+    req: str
+
+
 # -- runner -> broker ---------------------------------------------------------------------
 
+
+class Interrupted(Frame, frozen=True, kw_only=True, tag="interrupted"):
+    """`running`: the execution was still running when the interrupt reached the runner."""
+
+    req: str
+    running: bool
+
+
 AnyFrame = Union[  # noqa: UP007 - msgspec needs a runtime union
+    Interrupted,
     Ready,
     Ok,
     Result,

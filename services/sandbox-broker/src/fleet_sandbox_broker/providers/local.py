@@ -105,6 +105,7 @@ as_uid git -C /tmp/ws/repo checkout --quiet "$REF" --
 GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_TERMINAL_PROMPT": "0",
            "GIT_CONFIG_NOSYSTEM": "1", "LANG": "C"}  # fmt: skip
 CLONE_TIMEOUT_S = 300
+INTERRUPT_TIMEOUT_S = 5.0
 
 HIDE = (
     "/home", "/root", "/srv", "/mnt", "/media", "/opt", "/run", "/work",
@@ -261,7 +262,12 @@ class LocalSandbox:
                     "stopped and its REPL state is lost",
                     kind,
                 )
-            case frames.Ok(req=req) | frames.Forked(fork=req) | frames.ForkRefused(fork=req):
+            case (
+                frames.Ok(req=req)
+                | frames.Forked(fork=req)
+                | frames.ForkRefused(fork=req)
+                | frames.Interrupted(req=req)
+            ):
                 waiter = self._waiters.pop(req, None)
                 if waiter is None:
                     raise ProtocolViolation(f"answer to unknown request {req!r}")
@@ -389,6 +395,21 @@ class LocalSandbox:
             for call in pending.calls:  # a cell's host calls end with it
                 call.cancel()
         return _reply(frame)
+
+    def executing(self, context: str) -> bool:
+        return any(p.context == context for p in self._execs.values())
+
+    async def interrupt(self, context: str) -> bool:
+        """Stop the cell running in `context`; its reply is an error saying so, and the
+        sandbox, its process and its variables stay. False if no cell was running there."""
+        running = [key for key, p in self._execs.items() if p.context == context]
+        if not running or not self.running:
+            return False
+        req = new_id()
+        answer = await self._request(
+            frames.Interrupt(exec=running[0], ctx=context, req=req), req, INTERRUPT_TIMEOUT_S
+        )
+        return bool(answer.running)
 
     def _arm(self, pending: _Exec) -> None:
         """(Re)schedule the wall-time check: none while a host callback is pending."""

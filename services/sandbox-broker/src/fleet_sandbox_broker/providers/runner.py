@@ -27,6 +27,7 @@ import array
 import ast
 import builtins
 import contextlib
+import ctypes
 import io
 import json
 import os
@@ -38,11 +39,14 @@ import socket
 import struct
 import sys
 import threading
+import time
 import warnings
 from typing import Any
 
 HEADER = struct.Struct(">I")
 CELL_PREFIX = "<cell"
+INTERRUPT_GRACE_S = 0.5
+INTERRUPTED = "the cell was interrupted; the sandbox and its variables are kept"
 
 
 class Submission(BaseException):
@@ -51,6 +55,10 @@ class Submission(BaseException):
     def __init__(self, value: Any) -> None:
         super().__init__()
         self.value = value
+
+
+class CellInterrupted(BaseException):
+    """Raised in a cell's thread by an interrupt: a BaseException, past `except Exception`."""
 
 
 class Channel:
@@ -114,6 +122,16 @@ class Execution:
         self.out_size = 0
         self.truncated = False
         self.lock = threading.Lock()
+        # interrupts: `guard` orders "the thread is in user code" against raising in it, so
+        # an interrupt never lands in the runner's own code; `answered` lets exactly one of
+        # the cell's thread and an interrupt's deadline send the answer
+        self.guard = threading.Lock()
+        self.thread: int | None = None
+        self.in_user_code = False
+        self.raised = False
+        self.interrupted = threading.Event()
+        self.answered = False
+        self.calls: set[int] = set()
 
     def write(self, text: str, cap: int) -> None:
         with self.lock:
@@ -199,6 +217,7 @@ class Runner:
         self.out_r = self.output_pipe()
         self.out_lock = threading.Lock()
         self.cells = 0
+        self.interrupts: dict[str, float] = {}  # execution id -> when to answer for it
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -273,6 +292,7 @@ class Runner:
             call_id = self.tool_ids
             answer: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=1)
             self.pending[call_id] = answer
+            execution.calls.add(call_id)
         try:
             self.channel.send(
                 {
@@ -288,6 +308,7 @@ class Runner:
         finally:
             with self.pending_lock:
                 self.pending.pop(call_id, None)
+                execution.calls.discard(call_id)
         if reply is None:
             raise RuntimeError("the host closed the channel during a tool call")
         if not reply.get("ok"):
@@ -379,17 +400,25 @@ class Runner:
         filename = f"{CELL_PREFIX}-{self.cells}>"
         outcome: dict[str, Any]
         try:
-            tree = ast.parse(request["code"], filename=filename, mode="exec")
-            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-            exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - it is the product
-            value = None
-            if last is not None:
-                expr = ast.Expression(last.value)
-                value = eval(compile(expr, filename, "eval"), namespace)  # noqa: S307
+            try:
+                self.enter_user_code(execution)
+                tree = ast.parse(request["code"], filename=filename, mode="exec")
+                body = tree.body
+                last = body.pop() if body and isinstance(body[-1], ast.Expr) else None
+                exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - the product
+                value = None
+                if last is not None:
+                    expr = ast.Expression(last.value)
+                    value = eval(compile(expr, filename, "eval"), namespace)  # noqa: S307
+            finally:
+                self.leave_user_code(execution)
             outcome = {"t": "result", "value": jsonable(value)}
         except Submission as submission:
             final = request.get("final", submission.value)
             outcome = {"t": "final", "value": jsonable(final)}
+        except CellInterrupted:
+            self.leave_user_code(execution)  # the interrupt may have landed in the finally
+            outcome = {"t": "error", "error": INTERRUPTED}
         except SyntaxError as exc:
             outcome = {"t": "syntax", "error": f"{type(exc).__name__}: {exc}"}
         except MemoryError as exc:
@@ -397,6 +426,8 @@ class Runner:
         except BaseException as exc:
             if "final" in request:
                 outcome = {"t": "final", "value": jsonable(request["final"])}
+            elif execution.interrupted.is_set():
+                outcome = {"t": "error", "error": INTERRUPTED}  # e.g. a tool call it ended
             else:
                 outcome = {"t": "error", "error": describe(exc)}
         finally:
@@ -468,8 +499,8 @@ class Runner:
             data = encode(outcome)
         finally:
             self.by_thread.pop(threading.get_ident(), None)
-        self.inflight.pop(execution.id, None)
-        self.by_context.pop(execution.context, None)
+        if not self.claim_answer(execution):
+            return  # an interrupt answered for it: this thread is a stray now
         self.channel.send_encoded(data)
         if outcome["t"] == "fatal":
             os._exit(3)
@@ -480,6 +511,81 @@ class Runner:
         if self.auto_checkpoint:
             with contextlib.suppress(BlockingIOError):
                 os.write(self.wake_w, b"x")
+
+    # -- interrupts --------------------------------------------------------------------------
+
+    def enter_user_code(self, execution: Execution) -> None:
+        with execution.guard:
+            execution.thread = threading.get_ident()
+            execution.in_user_code = True
+        if execution.interrupted.is_set():
+            raise CellInterrupted
+
+    def leave_user_code(self, execution: Execution) -> None:
+        """After this no interrupt is raised in the thread, and none is left pending."""
+        with execution.guard:
+            execution.in_user_code = False
+            if execution.raised and execution.thread is not None:
+                set_async_exc(execution.thread, None)
+
+    def claim_answer(self, execution: Execution) -> bool:
+        """Exactly one answer per execution: the first caller sends it, and frees its context."""
+        with execution.lock:
+            if execution.answered:
+                return False
+            execution.answered = True
+        self.inflight.pop(execution.id, None)
+        if self.by_context.get(execution.context) is execution:
+            del self.by_context[execution.context]
+        self.interrupts.pop(execution.id, None)
+        return True
+
+    def interrupt(self, msg: dict[str, Any]) -> None:
+        """Raise CellInterrupted in the cell's thread if it is in user code; wake a sleep or a
+        host tool call it waits on; answer for it if it has not stopped within the grace."""
+        execution = self.inflight.get(msg["exec"])
+        running = execution is not None and execution.context == msg["ctx"]
+        if execution is not None and running and not execution.interrupted.is_set():
+            execution.interrupted.set()
+            if execution.guard.acquire(timeout=INTERRUPT_GRACE_S):
+                try:
+                    if execution.in_user_code and execution.thread is not None:
+                        execution.raised = True
+                        set_async_exc(execution.thread, CellInterrupted)
+                finally:
+                    execution.guard.release()
+            with self.pending_lock:
+                waiting = [self.pending[c] for c in execution.calls if c in self.pending]
+            for answer in waiting:
+                with contextlib.suppress(queue.Full):
+                    answer.put_nowait({"ok": False, "error": INTERRUPTED})
+            self.interrupts[execution.id] = time.monotonic() + INTERRUPT_GRACE_S
+        self.channel.send({"t": "interrupted", "req": msg["req"], "running": running})
+
+    def expire_interrupts(self) -> None:
+        now = time.monotonic()
+        for exec_id, deadline in list(self.interrupts.items()):
+            if deadline > now:
+                continue
+            execution = self.inflight.get(exec_id)
+            if execution is None or not self.claim_answer(execution):
+                self.interrupts.pop(exec_id, None)
+                continue
+            self.drain_output(execution)
+            self.channel.send(
+                {
+                    "t": "error",
+                    "exec": exec_id,
+                    "stdout": execution.out.getvalue(),
+                    "error": f"{INTERRUPTED} (it did not stop within {INTERRUPT_GRACE_S:g} s: "
+                    "its thread may still be running)",
+                }
+            )
+
+    def interrupt_timeout(self) -> float | None:
+        if not self.interrupts:
+            return None
+        return max(0.0, min(self.interrupts.values()) - time.monotonic())
 
     def start_execution(self, request: dict[str, Any]) -> None:
         missing = [
@@ -624,6 +730,7 @@ class Runner:
         self.threads.clear()
         self.cell_go = self.cell_busy = self.cell_job = None  # that thread is not in this process
         self.pending.clear()
+        self.interrupts.clear()
         self.wake_r, self.wake_w = self.wake_pipe()
         os.close(self.out_r)
         self.out_r = self.output_pipe()
@@ -675,6 +782,8 @@ class Runner:
             self.channel.send({"t": "ok", "req": msg["req"]})
         elif kind == "fork":
             self.fork(msg)
+        elif kind == "interrupt":
+            self.interrupt(msg)
         elif kind == "init":
             self.init(msg)
             self.channel.send({"t": "ready", "pid": os.getpid()})
@@ -686,7 +795,10 @@ class Runner:
     def serve(self) -> None:
         while True:
             sock_fd = self.channel.sock.fileno()
-            readable, _, _ = select.select([sock_fd, self.wake_r, self.out_r], [], [])
+            wait = self.interrupt_timeout()
+            readable, _, _ = select.select([sock_fd, self.wake_r, self.out_r], [], [], wait)
+            if self.interrupts:
+                self.expire_interrupts()
             if self.out_r in readable:
                 self.drain_output(None)
             if self.wake_r in readable:
@@ -702,6 +814,33 @@ class Runner:
                     self.handle(msg)
 
 
+def set_async_exc(thread: int, exc: type[BaseException] | None) -> None:
+    """Raise `exc` in `thread` at its next bytecode (None: clear one pending)."""
+    # None is passed as NULL (clear); py_object(None) would be Py_None, a bogus exception
+    arg = None if exc is None else ctypes.py_object(exc)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), arg)
+
+
+def interruptible_sleep(runner: Runner) -> Any:
+    """time.sleep for cells: an interrupt wakes it, and the CellInterrupted already pending
+    for the thread is raised at its next bytecode (it would wait for a C-level sleep to
+    end). Raising here too could land a second one outside user code. Elsewhere the real
+    sleep."""
+    real = time.sleep
+
+    def sleep(secs: float) -> None:
+        execution = runner.by_thread.get(threading.get_ident())
+        if execution is None:
+            return real(secs)
+        if secs < 0:
+            raise ValueError("sleep length must be non-negative")
+        execution.interrupted.wait(secs)
+        return None
+
+    sleep.__doc__ = real.__doc__
+    return sleep
+
+
 def main() -> None:
     sock = socket.socket(fileno=os.dup(0))
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -712,6 +851,7 @@ def main() -> None:
     # with its cell thread parked on a lock, holding none (see the module docstring)
     warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
     runner = Runner(channel)
+    time.sleep = interruptible_sleep(runner)
     sys.stdout = Router(runner)
     sys.stderr = Router(runner)
     sys.stdin = io.StringIO()

@@ -1,0 +1,91 @@
+"""Interrupting a running cell at the provider (a cancelled turn must not wait out `wall_s`):
+the cell stops within a second, its reply says it was interrupted, and the sandbox, its process
+and its variables are still there for the next cell."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_events.sandbox import ExecuteReply, ToolCall, ToolReply
+from fleet_harness.waits import eventually
+from fleet_sandbox_broker.providers.local import LocalProvider, LocalSandbox
+
+from .provider_kit import LIMITS, provider, run, value
+
+UID_BASE = 360200
+
+
+@pytest.fixture
+async def local(tmp_path: Path) -> AsyncIterator[LocalProvider]:
+    async with provider(tmp_path, UID_BASE) as made:
+        yield made
+
+
+@pytest.fixture(params=[True, False], ids=["fork_ready", "no_checkpoints"])
+async def box(local: LocalProvider, request: pytest.FixtureRequest) -> AsyncIterator[LocalSandbox]:
+    made = await local.create("intr", LIMITS, fork_ready=request.param)
+    yield made
+    await made.destroy()
+
+
+async def interrupted(box: LocalSandbox, code: str, **kw: Any) -> ExecuteReply:
+    """Start `code`, wait until it has started, interrupt it; the cell's reply."""
+    cell = asyncio.create_task(run(box, code, **kw))
+    # the exec frame is on the socket before the interrupt: the runner sees them in order
+    await eventually(lambda: box.executing("main"), timeout=10, what="the cell sent")
+    assert await box.interrupt("main") is True
+    return await asyncio.wait_for(cell, 1.5)  # "within a second", plus the round trip
+
+
+BUSY = "before = 1\nwhile True:\n    pass"
+SLEEP = "import time\nbefore = 1\ntime.sleep(60)"
+SWALLOWS = (
+    "before = 1\nwhile True:\n    try:\n        while True:\n            pass\n"
+    "    except BaseException:\n        pass"
+)
+
+
+@pytest.mark.parametrize("code", [BUSY, SLEEP], ids=["busy_loop", "sleep_60"])
+async def test_an_interrupted_cell_stops_and_the_sandbox_keeps_its_state(
+    box: LocalSandbox, code: str
+) -> None:
+    assert value(await run(box, "kept = 'from an earlier cell'")) is None
+    pid = box.pid
+    reply = await interrupted(box, code)
+    assert reply.kind == "error"
+    assert "interrupted" in reply.error
+    assert "did not stop" not in reply.error  # it stopped itself, no stray thread left
+    assert box.running
+    assert box.pid == pid
+    assert value(await run(box, "(kept, before)")) == ["from an earlier cell", 1]
+
+
+async def test_a_cell_blocked_on_a_host_tool_is_interrupted(box: LocalSandbox) -> None:
+    async def never(call: ToolCall) -> ToolReply:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    reply = await interrupted(box, "before = 1\nwait()", tools=["wait"], relay=never)
+    assert reply.kind == "error"
+    assert "interrupted" in reply.error
+    assert not box.tool_tasks
+    assert value(await run(box, "before + 1")) == 2
+
+
+async def test_a_cell_that_swallows_the_interrupt_is_still_answered(box: LocalSandbox) -> None:
+    """`except BaseException: pass` in a loop: the reply still comes within the second, and
+    the context takes new cells (the stray thread is what a cell leaves running)."""
+    reply = await interrupted(box, SWALLOWS)
+    assert reply.kind == "error"
+    assert "did not stop within 0.5 s" in reply.error
+    assert value(await run(box, "before")) == 1
+
+
+async def test_interrupt_with_nothing_running_says_so(box: LocalSandbox) -> None:
+    assert await box.interrupt("main") is False
+    assert value(await run(box, "1 + 1")) == 2
+    assert await box.interrupt("main") is False
+    assert await box.interrupt("no-such-context") is False

@@ -1,6 +1,8 @@
 """Session context: the conversation log (`fleet.session.<tenant>.<session>.log`)."""
 
-from fleet_events.envelope import Event
+import msgspec
+
+from fleet_events.envelope import BlobRef, Event
 from fleet_events.ids import check_id
 
 
@@ -84,6 +86,223 @@ class SnapshotTaken(Event, frozen=True, kw_only=True, tag="session.snapshot_take
     upto_seq: int
 
 
+# -- the session's state: memory, documents, interpreter, input, import / restore ------------
+# (issue 9; the turn lifecycle above is another block.) These are the facts the agent's
+# session fold (`fleet_agent.session_state`) is built from. Each carries the state it leaves
+# behind (a block's whole new text, a document's whole reference) rather than a diff, so the
+# fold never depends on what came before to read one event right.
+
+CORE_MEMORY_LIMITS: dict[str, int] = {"persona": 2000, "human": 2000, "scratchpad": 1000}
+"""Characters each core-memory block may hold; a change past its limit is refused."""
+
+DOCUMENT_SOURCES = ("upload", "sandbox_path", "url")
+"""Where a loaded document came from (its text is in the object store either way)."""
+
+
+class CoreMemory(msgspec.Struct, frozen=True, kw_only=True):
+    """The blocks every turn's prompt carries, within `CORE_MEMORY_LIMITS`."""
+
+    persona: str = ""
+    human: str = ""
+    scratchpad: str = ""
+
+
+class HistoryTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """One finished exchange, in the shape of a `dspy.History` message."""
+
+    question: str
+    answer: str
+    turn: str = ""
+
+
+class DocumentRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A loaded document: its text lives in the object store, the session holds the reference."""
+
+    alias: str
+    source: str
+    origin: str
+    blob: BlobRef
+    chars: int = 0
+    media_type: str = "text/plain"
+    title: str = ""
+
+
+class InterpreterState(msgspec.Struct, frozen=True, kw_only=True):
+    """What a replacement sandbox needs to be made like the session's own (REPL memory aside).
+
+    `sandbox` is None once the sandbox is gone; the rest stays so the next one gets the same
+    repo, ref, context paths, volume and subpath.
+    """
+
+    sandbox: str | None
+    workspace: str = ""
+    repo_url: str | None = None
+    ref: str | None = None
+    context_paths: tuple[str, ...] = ()
+    volume: str | None = None
+    volume_subpath: str | None = None
+
+
+class MemoryFile(msgspec.Struct, frozen=True, kw_only=True):
+    """A file the agent wrote under the session volume's memory directory."""
+
+    path: str
+    sha256: str
+    size: int
+
+
+class SessionImage(msgspec.Struct, frozen=True, kw_only=True):
+    """A whole session state, carried by import and restore so that they replace, never merge.
+
+    `documents` are in access order, least recent first. The empty image is the empty session.
+    """
+
+    turns: tuple[HistoryTurn, ...] = ()
+    core_memory: CoreMemory = CoreMemory()
+    documents: tuple[DocumentRef, ...] = ()
+    active_document: str | None = None
+    interpreter: InterpreterState | None = None
+    memory_files: tuple[MemoryFile, ...] = ()
+
+
+class CoreMemoryChanged(Event, frozen=True, kw_only=True, tag="memory.core_changed"):
+    """A core-memory block changed (`op` append or replace); `value` is its whole new text."""
+
+    block: str
+    op: str
+    value: str
+    text: str = ""
+    old: str = ""
+
+
+class CoreMemoryRefused(Event, frozen=True, kw_only=True, tag="memory.core_refused"):
+    """A core-memory change declined (over the limit, text not found, ...), and why.
+
+    The model reads `message` as the tool's answer and can shorten or rephrase its change.
+    """
+
+    block: str
+    op: str
+    reason: str
+    message: str
+    limit: int = 0
+    length: int = 0
+
+
+class MemoryFileWritten(Event, frozen=True, kw_only=True, tag="memory.file_written"):
+    """The agent wrote a memory file on the session volume (the bytes are on the volume)."""
+
+    file: MemoryFile
+
+
+class DocumentLoaded(Event, frozen=True, kw_only=True, tag="document.loaded"):
+    """A document was loaded (from an upload, a sandbox path or a URL) and is now active."""
+
+    document: DocumentRef
+
+
+class DocumentActivated(Event, frozen=True, kw_only=True, tag="document.activated"):
+    """The document later questions are about by default changed."""
+
+    alias: str
+
+
+class DocumentRemoved(Event, frozen=True, kw_only=True, tag="document.removed"):
+    """A document left the session (its blob stays until purged)."""
+
+    alias: str
+    reason: str = ""
+
+
+class SandboxAttached(Event, frozen=True, kw_only=True, tag="session.sandbox_attached"):
+    """The session's interpreter runs in this sandbox now (new, or replacing `replaces`).
+
+    Sandbox lifecycle lives on the SANDBOXES stream, outside a session's replay; this is the
+    session's own record of which sandbox, workspace, repo and volume it uses.
+    """
+
+    interpreter: InterpreterState
+    replaces: str = ""
+    reason: str = ""
+
+
+class SandboxDetached(Event, frozen=True, kw_only=True, tag="session.sandbox_detached"):
+    """The session's sandbox is gone; its volume and checkout settings are kept for the next."""
+
+    sandbox: str
+    reason: str = ""
+
+
+class InputRequested(Event, frozen=True, kw_only=True, tag="input.requested"):
+    """The agent asked the user a question; the turn parks until an answer or `timeout_s`."""
+
+    request_id: str
+    question: str
+    options: tuple[str, ...] = ()
+    timeout_s: float = 0.0
+
+
+class InputProvided(Event, frozen=True, kw_only=True, tag="input.provided"):
+    """The user answered the pending request `request_id` (free text or one of its options)."""
+
+    request_id: str
+    answer: str
+    option: str = ""
+
+
+class InputExpired(Event, frozen=True, kw_only=True, tag="input.expired"):
+    """Nobody answered request `request_id` in time; the turn goes on without the answer."""
+
+    request_id: str
+    reason: str = ""
+
+
+class InputRefused(Event, frozen=True, kw_only=True, tag="input.refused"):
+    """An answer that fits no pending request (already answered, expired, another id)."""
+
+    request_id: str
+    reason: str
+    message: str
+
+
+class SessionImported(Event, frozen=True, kw_only=True, tag="session.imported"):
+    """The session's state was replaced by an export's: a new chain starts from here.
+
+    `source_head_hash` is the head of the exported `.log`, so the export it came from is named
+    and stays verifiable on its own.
+    """
+
+    image: SessionImage
+    source_session: str = ""
+    source_head_hash: str = ""
+
+
+class SessionRestored(Event, frozen=True, kw_only=True, tag="session.restored"):
+    """The session's state was set back to what it was at `upto_seq` (the empty image resets)."""
+
+    image: SessionImage
+    upto_seq: int = 0
+    reason: str = ""
+
+
+STATE_EVENTS: tuple[type[Event], ...] = (
+    CoreMemoryChanged,
+    CoreMemoryRefused,
+    MemoryFileWritten,
+    DocumentLoaded,
+    DocumentActivated,
+    DocumentRemoved,
+    SandboxAttached,
+    SandboxDetached,
+    InputRequested,
+    InputProvided,
+    InputExpired,
+    InputRefused,
+    SessionImported,
+    SessionRestored,
+)
+
+
 EVENTS: tuple[type[Event], ...] = (
     SessionCreated,
     SessionRenamed,
@@ -94,4 +313,5 @@ EVENTS: tuple[type[Event], ...] = (
     TurnFailed,
     TurnCancelled,
     SnapshotTaken,
+    *STATE_EVENTS,
 )

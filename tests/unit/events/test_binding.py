@@ -78,6 +78,14 @@ def test_sandbox_subjects_bind_the_tenant_only() -> None:
     assert binding_problem("fleet.sandbox.acme.sb1", Names(tenant="evil")) is not None
 
 
+@pytest.mark.parametrize("subject", ["fleet.sandbox.acme.sb1.extra", "fleet.sandbox.acme"])
+def test_a_sandbox_subject_is_exactly_tenant_and_sandbox(subject: str) -> None:
+    assert binding_problem(subject, Names()) == (
+        f"event e1 cannot be stored on {subject}: a sandbox subject is "
+        "fleet.sandbox.<tenant>.<sandbox>"
+    )
+
+
 def test_subjects_outside_tenant_spaces_bind_nothing() -> None:
     assert binding_problem("fleet.budget.tree1", Names(tenant="anyone")) is None
     assert subject_tenant("fleet.budget.tenant.acme.2026-01-01") is None

@@ -442,6 +442,7 @@ class LocalSandbox:
         self._check_running()
         provider = self._provider
         child_dir = provider.settings.root / child_id
+        await asyncio.to_thread(provider.record_uid, self.uid, child_dir)
         await asyncio.to_thread(provider.prepare_child_dirs, child_dir, self.uid)
         copy: asyncio.Task[None] | None = None
         mine, theirs = socket.socketpair()
@@ -602,6 +603,7 @@ class LocalProvider:
         (private / "logs").mkdir(exist_ok=True)
         self._logs = private / "logs"
         self._uids = UidPool(settings.uid_locks, settings.uid_base, settings.uid_count)
+        self._uids.record_leftovers(root)
         self._families: dict[int, int] = {}
 
     def family_join(self, uid: int) -> None:
@@ -627,7 +629,7 @@ class LocalProvider:
         """Start a sandbox. `mounts` binds host directories (volumes) at workspace-relative
         paths; `revive` starts a new process in an existing sandbox's directory (files kept,
         REPL memory gone), after a broker restart."""
-        uid = await asyncio.to_thread(self._uids.claim)
+        uid = await asyncio.to_thread(self._uids.claim, self.settings.root / sandbox_id)
         try:
             directory = await asyncio.to_thread(
                 self._make_dirs, sandbox_id, uid, list(mounts or {}), revive
@@ -754,6 +756,9 @@ class LocalProvider:
             raise BadSpec(f"{shown}: the repository or ref was not found or is unreachable")
         os.chmod(target, 0o444)
         return str(target)
+
+    def record_uid(self, uid: int, directory: Path) -> None:
+        self._uids.record(uid, directory)
 
     def prepare_child_dirs(self, directory: Path, uid: int) -> None:
         """What a forked child needs before it starts: its workspace and tmp, empty."""

@@ -190,12 +190,17 @@ class OpenTree(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True):
-    """Ask for `calls` LLM calls, all or nothing (`llm_query_batched` reserves a batch)."""
+    """Ask for `calls` LLM calls, all or nothing (`llm_query_batched` reserves a batch).
+
+    `kind` says what the call is: `step`, a run's own action or extract step (bounded by the
+    run's `max_iters`), or `sub`, every other call (counted against `max_llm_calls`).
+    """
 
     request_id: str
     tree: str
     run: str
     calls: int = 1
+    kind: Literal["step", "sub"] = "sub"
 
 
 class RecordUsage(msgspec.Struct, frozen=True, kw_only=True):

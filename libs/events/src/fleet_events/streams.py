@@ -55,7 +55,13 @@ CONFIG = KvSpec("fleet-config", history=16, description="runtime settings, LLM p
 SNAPSHOTS = KvSpec(
     "fleet-snapshots", history=1, max_value_size=8 * 1024 * 1024, description="fold snapshots"
 )
-KV_BUCKETS = (CONFIG, SNAPSHOTS)
+SECRETS = KvSpec(
+    "fleet-secrets",
+    history=1,
+    max_value_size=64 * 1024,
+    description="secrets sealed to the services' public key: services read, the gateway writes",
+)
+KV_BUCKETS = (CONFIG, SNAPSHOTS, SECRETS)
 
 BLOBS = ObjectStoreSpec("fleet-blobs", description="payloads over the inline limit")
 OBJECT_STORES = (BLOBS,)

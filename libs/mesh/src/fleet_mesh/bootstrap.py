@@ -9,6 +9,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from nacl.public import PublicKey
 from nats.js import JetStreamContext
 from nats.js.api import (
     KeyValueConfig,
@@ -21,7 +22,8 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from fleet_events import streams
 from fleet_events.streams import KvSpec, ObjectStoreSpec, StreamSpec
-from fleet_mesh.runtime_config import seed_from_env
+from fleet_mesh.runtime_config import seed_from_env, seed_llm_from_env
+from fleet_mesh.secrets import public_key_from_env
 
 log = logging.getLogger("fleet.bootstrap")
 
@@ -116,10 +118,16 @@ async def _ensure_object_store(js: JetStreamContext, spec: ObjectStoreSpec, repl
 
 
 async def bootstrap(
-    js: JetStreamContext, *, replicas: int = 1, env: Mapping[str, str] | None = None
+    js: JetStreamContext,
+    *,
+    replicas: int = 1,
+    env: Mapping[str, str] | None = None,
+    secrets_public_key: PublicKey | None = None,
 ) -> BootstrapReport:
-    """Streams, buckets, then settings seeded from `env` (default: the process environment)
-    where the config bucket holds no value yet."""
+    """Streams, buckets, then settings and the default LLM profile seeded from `env` (default:
+    the process environment) where the config bucket holds no value yet. `FLEET_LLM_API_KEY`
+    is sealed with `secrets_public_key` (default: from `FLEET_SECRETS_PUBLIC_KEY` or
+    `FLEET_SECRETS_KEY`), so the bootstrap never needs to be able to read a secret."""
     outcome: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": []}
     for spec in streams.STREAMS:
         outcome[await _ensure_stream(js, spec, replicas)].append(f"stream {spec.name}")
@@ -128,6 +136,9 @@ async def bootstrap(
     for obj in streams.OBJECT_STORES:
         outcome[await _ensure_object_store(js, obj, replicas)].append(f"object store {obj.bucket}")
     seeded = await seed_from_env(js, env)
+    if secrets_public_key is None:
+        secrets_public_key = public_key_from_env(env)
+    seeded += await seed_llm_from_env(js, env, public_key=secrets_public_key)
     report = BootstrapReport(
         tuple(outcome["created"]),
         tuple(outcome["updated"]),

@@ -48,7 +48,10 @@ def test_a_refusal_on_a_moved_subject_is_a_conflict_carrying_the_actual_head() -
 
 
 def test_a_reused_id_in_a_batch_on_an_unmoved_subject_is_said_so() -> None:
-    assert type(refusal("s", 4, 4, BATCH_DUPLICATE_ID, "dup")) is DuplicateInBatch
+    reused = refusal("s", 4, 4, BATCH_DUPLICATE_ID, "dup")
+    assert type(reused) is DuplicateInBatch
+    assert (reused.subject, reused.expected, reused.actual) == ("s", 4, 4)
+    assert str(reused) == "append to s expected last sequence 4: dup"
     assert type(refusal("s", 4, 5, BATCH_DUPLICATE_ID, "dup")) is AppendConflict
     assert type(refusal("s", 4, 4, WRONG_LAST_SEQUENCE, "x")) is AppendConflict
 

@@ -258,6 +258,12 @@ CHANNELS: tuple[Channel, ...] = (
         "when done",
     ),
     Channel(
+        "agent-turn", session.TURN_WORK_SUBJECT, "work", "WORK",
+        "one turn to run, published by the agent's dispatcher (`Nats-Msg-Id` names tenant, "
+        "session and turn); acked once the turn's end is stored",
+        payload=session.TurnWork,
+    ),
+    Channel(
         "live", "fleet.live.{tenant}.{session}", "live", None,
         "unpersisted deltas for watchers; everything that matters is also an event",
         payload=LiveDelta,

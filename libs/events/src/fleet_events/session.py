@@ -2,6 +2,7 @@
 
 import msgspec
 
+from fleet_events import subjects
 from fleet_events.envelope import BlobRef, Event
 from fleet_events.ids import check_id
 
@@ -70,12 +71,19 @@ class TurnFailed(Event, frozen=True, kw_only=True, tag="turn.failed"):
 
     error: str
     retryable: bool = False
+    code: str = ""
+    """Why, for programs: one of `TURN_FAILURES` (empty in logs written before it existed)."""
+    attempt: int = 0
+    """The attempt that ended it (0: the turn never started)."""
 
 
 class TurnCancelled(Event, frozen=True, kw_only=True, tag="turn.cancelled"):
     """The user cancelled the turn; the running replica stops at its next step."""
 
     reason: str = ""
+    partial: str = ""
+    """What the turn had answered so far when it stopped (empty if it never started)."""
+    attempt: int = 0
 
 
 class SnapshotTaken(Event, frozen=True, kw_only=True, tag="session.snapshot_taken"):
@@ -84,6 +92,61 @@ class SnapshotTaken(Event, frozen=True, kw_only=True, tag="session.snapshot_take
     fold: str
     fold_version: int
     upto_seq: int
+
+
+# -- the turn lifecycle: admission, cancel, attempts, the work item (issue 9, turns) ---------
+# One turn runs per session at a time, decided by the order of the `.log`: a `TurnRequested`
+# that lands while an earlier admitted turn has not ended is refused (`fleet_agent.turns`). The
+# rule reads only the log, so every dispatcher replica, and every redelivery, decides the same.
+
+TURN_REFUSALS = ("busy", "session_deleted", "malformed")
+"""Why a turn was refused: another turn of the session is running; the session is deleted;
+the request cannot be run as stored (its turn id is missing or not a subject-safe token)."""
+
+TURN_FAILURES = ("runner_error", "replica_lost", "poison")
+"""`runner_error`: the agent raised; `replica_lost`: the replica running it stopped and the
+runner cannot resume; `poison`: its work item was delivered `max_attempts` times, never ending."""
+
+
+class TurnRefused(Event, frozen=True, kw_only=True, tag="turn.refused"):
+    """A well-formed request the session declined (`reason` in `TURN_REFUSALS`); never run."""
+
+    reason: str
+    message: str
+    active_turn: str = ""
+    """The turn that was running when a `busy` request arrived."""
+
+
+class CancelRequested(Event, frozen=True, kw_only=True, tag="turn.cancel_requested"):
+    """Stop the envelope's turn: the running replica stops at its next step boundary and
+    records `TurnCancelled` with the partial answer; a turn not yet started never starts."""
+
+    reason: str = ""
+
+
+TURN_EVENTS: tuple[type[Event], ...] = (TurnRefused, CancelRequested)
+
+
+class TurnWork(msgspec.Struct, frozen=True, kw_only=True):
+    """The work item on `fleet.work.agent.turn`: which turn to run. Everything else (the
+    message, cancels, attempts) is read from the session's log, the one source of truth."""
+
+    tenant: str
+    session: str
+    turn: str
+    requested_seq: int
+    """Stream sequence of the `TurnRequested` (its message is read from there)."""
+
+
+TURN_WORK_SUBJECT = subjects.work("agent", "turn")
+
+
+def turn_work_id(tenant: str, session: str, turn: str) -> str:
+    """The work item's `Nats-Msg-Id`: unique per tenant and session as well as turn, so a turn
+    id chosen (or reused) elsewhere can never deduplicate away another session's turn."""
+    return (
+        f"turn.{check_id('tenant', tenant)}.{check_id('session', session)}.{check_id('turn', turn)}"
+    )
 
 
 # -- the session's state: memory, documents, interpreter, input, import / restore ------------
@@ -312,6 +375,7 @@ EVENTS: tuple[type[Event], ...] = (
     TurnCompleted,
     TurnFailed,
     TurnCancelled,
+    *TURN_EVENTS,
     SnapshotTaken,
     *STATE_EVENTS,
 )

@@ -65,3 +65,36 @@ KV_BUCKETS = (CONFIG, SNAPSHOTS, SECRETS)
 
 BLOBS = ObjectStoreSpec("fleet-blobs", description="payloads over the inline limit")
 OBJECT_STORES = (BLOBS,)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSpec:
+    """A durable pull consumer every replica of a service shares (any replica takes any
+    message). `ack_wait_s` is the ack deadline: a message neither acked nor reported in
+    progress for that long is redelivered. `max_deliver` bounds deliveries (-1: unbounded)."""
+
+    stream: str
+    durable: str
+    filter_subject: str
+    ack_wait_s: float = 30.0
+    max_deliver: int = -1
+    max_ack_pending: int = 10_000
+    description: str = ""
+
+
+TURN_DISPATCH = ConsumerSpec(
+    SESSIONS.name,
+    "agent-turn-dispatch",
+    "fleet.session.*.*.log",
+    description="the agent's dispatcher: each TurnRequested on a session log becomes a work item",
+)
+TURN_WORKERS = ConsumerSpec(
+    WORK.name,
+    "agent-turn",
+    "fleet.work.agent.turn",
+    # One delivery more than the attempts allowed (fleet_agent.config.AgentSettings.max_attempts):
+    # the last one only records the poison turn's TurnFailed.
+    max_deliver=4,
+    description="turns, pulled by any agent replica with a free slot",
+)
+CONSUMERS = (TURN_DISPATCH, TURN_WORKERS)

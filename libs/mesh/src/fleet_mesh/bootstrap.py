@@ -12,6 +12,9 @@ from dataclasses import dataclass, replace
 from nacl.public import PublicKey
 from nats.js import JetStreamContext
 from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
     KeyValueConfig,
     ObjectStoreConfig,
     RetentionPolicy,
@@ -21,7 +24,7 @@ from nats.js.api import (
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from fleet_events import streams
-from fleet_events.streams import KvSpec, ObjectStoreSpec, StreamSpec
+from fleet_events.streams import ConsumerSpec, KvSpec, ObjectStoreSpec, StreamSpec
 from fleet_mesh.runtime_config import seed_from_env, seed_llm_from_env
 from fleet_mesh.secrets import public_key_from_env
 
@@ -85,6 +88,48 @@ async def _ensure_stream(js: JetStreamContext, spec: StreamSpec, replicas: int) 
     return "updated"
 
 
+def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
+    return ConsumerConfig(
+        name=spec.durable,
+        durable_name=spec.durable,
+        description=spec.description,
+        filter_subject=spec.filter_subject,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=spec.ack_wait_s,
+        max_deliver=spec.max_deliver,
+        max_ack_pending=spec.max_ack_pending,
+    )
+
+
+async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec, *, update: bool = False) -> str:
+    """Create a shared durable consumer. An existing one keeps its ack deadline and delivery
+    bound (the owning service sets those from its settings, `update=True`); its filter and
+    explicit acks, which the guarantees depend on, are always brought in line."""
+    wanted = consumer_config(spec)
+    try:
+        info = await js.consumer_info(spec.stream, spec.durable)
+    except NotFoundError:
+        await js.add_consumer(spec.stream, wanted)
+        return "created"
+    current = info.config
+    if update:
+        merged = replace(
+            current,
+            filter_subject=spec.filter_subject,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=spec.ack_wait_s,
+            max_deliver=spec.max_deliver,
+            max_ack_pending=spec.max_ack_pending,
+        )
+    else:
+        merged = replace(current, filter_subject=spec.filter_subject, ack_policy=AckPolicy.EXPLICIT)
+    if merged == current:
+        return "unchanged"
+    await js.add_consumer(spec.stream, merged)
+    return "updated"
+
+
 async def _ensure_kv(js: JetStreamContext, spec: KvSpec, replicas: int) -> str:
     try:
         await js.key_value(spec.bucket)
@@ -131,6 +176,9 @@ async def bootstrap(
     outcome: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": []}
     for spec in streams.STREAMS:
         outcome[await _ensure_stream(js, spec, replicas)].append(f"stream {spec.name}")
+    for consumer in streams.CONSUMERS:
+        made = await ensure_consumer(js, consumer)
+        outcome[made].append(f"consumer {consumer.stream}/{consumer.durable}")
     for kv in streams.KV_BUCKETS:
         outcome[await _ensure_kv(js, kv, replicas)].append(f"kv {kv.bucket}")
     for obj in streams.OBJECT_STORES:

@@ -1,10 +1,62 @@
-"""Composition root of the agent service."""
+"""Composition root of the agent service, built the same way by `main()` and by tests.
 
+Every replica runs both halves: the dispatcher (session logs → turn work items) and the turn
+worker (work items → turns run), each a shared durable consumer, so replicas are
+interchangeable and any one of them may die.
+"""
+
+from fleet_agent.config import AgentSettings
+from fleet_agent.dispatcher import Dispatcher
+from fleet_agent.runners import EchoRunner, ScriptedRunner, TurnRunner
+from fleet_agent.turn_log import TurnLog
+from fleet_agent.worker import TurnWorker
+from fleet_events import streams
+from fleet_events.codec import Codec
 from fleet_mesh import service
+from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.store import open_store
+from fleet_mesh.work import WorkConsumer
 
 
-async def setup(ctx: service.ServiceContext) -> None:
-    """Nothing beyond ping yet; the service's own issue fills this in."""
+def make_runner(settings: AgentSettings) -> TurnRunner:
+    if settings.runner == "scripted":
+        assert settings.barrier_dir is not None  # the settings refuse it otherwise
+        return ScriptedRunner(settings.barrier_dir)
+    return EchoRunner()
+
+
+async def setup(ctx: service.ServiceContext, settings: AgentSettings | None = None) -> None:
+    settings = settings or AgentSettings()
+    store = await open_store(ctx.js, streams.SESSIONS)
+    codec = Codec(await JetStreamBlobs.open(ctx.js))
+    turn_log = TurnLog(store, codec, ctx.actor)
+    dispatcher = Dispatcher(ctx.js, turn_log, ctx.log)
+    worker = TurnWorker(
+        ctx.nc, turn_log, codec, make_runner(settings),
+        replica=ctx.replica, max_attempts=settings.max_attempts, logger=ctx.log,
+    )  # fmt: skip
+    turns = WorkConsumer(
+        ctx.js, settings.turn_consumer(), worker.handle, slots=settings.turn_slots, log=ctx.log
+    )
+    dispatch = WorkConsumer(
+        ctx.js, settings.dispatch_consumer(), dispatcher.handle,
+        slots=settings.dispatch_slots, log=ctx.log,
+    )  # fmt: skip
+    await turns.start()
+    await dispatch.start()
+
+    async def stop() -> None:
+        await dispatch.stop()
+        await turns.stop()
+
+    ctx.on_stop.append(stop)
+    ctx.ping_details = lambda: {
+        "turn_slots": turns.slots,
+        "turns_running": turns.stats.running,
+        "turns_peak": turns.stats.peak,
+        "turns_handled": turns.stats.handled,
+        "progress_sent": turns.stats.progress_sent,
+    }
 
 
 def main() -> None:

@@ -1,0 +1,46 @@
+"""The agent's settings, read once from `FLEET_AGENT_*` environment variables."""
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleet_events import streams
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLEET_AGENT_", frozen=True)
+
+    turn_slots: int = Field(default=4, ge=1, le=256)
+    """Turns one replica runs at once; it pulls no work without a free slot."""
+    dispatch_slots: int = Field(default=16, ge=1, le=1024)
+    """Session-log events one replica's dispatcher handles at once."""
+    ack_wait_s: float = Field(default=30.0, ge=0.5, le=3600)
+    """The ack deadline: a turn whose replica sends no progress for this long (it died or
+    froze) goes to another replica. Progress is sent every third of it."""
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    """Deliveries of a turn's work item that may run it; the next one records `TurnFailed`
+    (`poison`). The consumer's `max_deliver` is this plus one."""
+    runner: Literal["echo", "scripted"] = "echo"
+    """`echo` until the chat agent lands; `scripted` is the test fake (runners.py)."""
+    barrier_dir: Path | None = None
+    """The scripted fake's barrier directory (tests only)."""
+
+    @model_validator(mode="after")
+    def _scripted_needs_barriers(self) -> "AgentSettings":
+        if self.runner == "scripted" and self.barrier_dir is None:
+            raise ValueError(
+                "FLEET_AGENT_RUNNER=scripted is the test fake and needs FLEET_AGENT_BARRIER_DIR "
+                "(a directory the test controls); use FLEET_AGENT_RUNNER=echo otherwise"
+            )
+        return self
+
+    def turn_consumer(self) -> streams.ConsumerSpec:
+        return replace(
+            streams.TURN_WORKERS, ack_wait_s=self.ack_wait_s, max_deliver=self.max_attempts + 1
+        )
+
+    def dispatch_consumer(self) -> streams.ConsumerSpec:
+        return replace(streams.TURN_DISPATCH, ack_wait_s=self.ack_wait_s)

@@ -1,0 +1,134 @@
+"""What runs a turn once a replica holds it: the `TurnRunner` seam, and two stand-ins.
+
+The chat agent and the recursive engine plug in here later. Until then:
+
+- `EchoRunner` answers with the message itself, a step per word: enough for `fleet up` to show
+  a turn going round the mesh.
+- `ScriptedRunner` is a **test fake** (named so on purpose): the echo plus directives a test
+  writes into the message, to reach a point in a turn by a barrier rather than by timing:
+  `[hold:NAME]` writes `NAME.reached.<attempt>` (holding the replica's name) into the barrier
+  directory and waits until a file `NAME` appears there or the turn is cancelled; `[die]`
+  SIGKILLs its own process (a poison turn); `[fail]` raises. It runs only when
+  `FLEET_AGENT_RUNNER=scripted` and a barrier directory are set: user text never drives it.
+
+A runner checks `token` between steps and, once it is set, returns `Stopped` with what it had
+answered so far; the worker records `TurnCancelled` with that partial answer.
+"""
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    tenant: str
+    session: str
+    turn: str
+    message: str
+    attempt: int
+    replica: str
+
+
+class CancelToken:
+    """Set when a `CancelRequested` for the running turn lands on the session's log."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason = ""
+
+    def cancel(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+@dataclass(frozen=True)
+class Answered:
+    answer: str
+
+
+@dataclass(frozen=True)
+class Stopped:
+    partial: str
+
+
+class TurnRunner(Protocol):
+    restartable: bool
+    """May a turn whose replica died be run again from its start on another replica? True
+    only where running it again repays nothing (no model calls); resuming from the log is
+    the crash-safe-turns issue."""
+
+    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped: ...
+
+
+class EchoRunner:
+    restartable = True
+
+    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped:
+        said: list[str] = []
+        for word in turn.message.split():
+            if token.cancelled:
+                return Stopped(" ".join(said))
+            said.append(word)
+            await asyncio.sleep(0)  # a step boundary: let a cancel land
+        return Answered(" ".join(said))
+
+
+DIRECTIVE = re.compile(r"\[(hold|die|fail)(?::([A-Za-z0-9_-]{1,64}))?\]")
+
+
+class ScriptedFailure(RuntimeError):
+    """`[fail]`: the fake agent raising, as a real one might."""
+
+
+class ScriptedRunner:
+    """A test fake: see the module docstring."""
+
+    restartable = True
+
+    def __init__(self, barriers: Path, *, poll_s: float = 0.01) -> None:
+        self._barriers = barriers
+        self._poll = poll_s
+
+    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped:
+        said: list[str] = []
+        for word in turn.message.split():
+            if token.cancelled:
+                return Stopped(" ".join(said))
+            directive = DIRECTIVE.fullmatch(word)
+            if directive is None:
+                said.append(word)
+                await asyncio.sleep(0)
+                continue
+            kind, name = directive.groups()
+            if kind == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if kind == "fail":
+                raise ScriptedFailure("scripted failure (the [fail] directive)")
+            if kind == "hold" and name:
+                await self._hold(name, turn, token)
+        if token.cancelled:
+            return Stopped(" ".join(said))
+        return Answered(" ".join(said))
+
+    async def _hold(self, name: str, turn: TurnInput, token: CancelToken) -> None:
+        (self._barriers / f"{name}.reached.{turn.attempt}").write_text(turn.replica)
+        release = self._barriers / name
+        while not release.exists() and not token.cancelled:
+            # A fake's barrier: a bounded poll of a file the test creates, or the cancel.
+            waiter = asyncio.ensure_future(token.wait())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, self._poll)

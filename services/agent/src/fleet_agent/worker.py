@@ -1,0 +1,163 @@
+"""The turn work consumer: take a turn, record `TurnStarted`, run it, record how it ended, ack.
+
+The ack comes only after `TurnCompleted`, `TurnFailed` or `TurnCancelled` is stored, so a
+replica that dies at any point leaves the work item to be redelivered (`fleet_mesh.work`);
+the next holder folds the log and carries on from what it says (`turns.start`). Every append
+is made against the head its decision was folded at; when the log moved, the worker folds
+again and decides again, which is also how a replica that froze past its ack deadline finds
+its turn taken over (`turns.finish` answers `Superseded`: it records nothing and leaves the
+delivery, which is no longer its own, untouched).
+
+While a turn runs the worker listens on the session's log subject (core NATS sees every
+message the stream stores) for a `CancelRequested` naming it; the runner sees the token at its
+next step boundary.
+"""
+
+import logging
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from fleet_agent import turns
+from fleet_agent.runners import Answered, CancelToken, TurnInput, TurnRunner
+from fleet_agent.turn_log import TurnLog
+from fleet_events import Event, InvalidId, check_id
+from fleet_events.catalog import type_of_class
+from fleet_events.chain import TYPE_HEADER
+from fleet_events.codec import Codec, CodecError
+from fleet_events.session import (
+    CancelRequested,
+    TurnCancelled,
+    TurnCompleted,
+    TurnFailed,
+    TurnWork,
+    log_subject,
+)
+from fleet_mesh.store import AppendConflict, Head
+from fleet_mesh.work import Delivery, Settle
+
+CANCEL = type_of_class(CancelRequested)
+CONFLICT_TRIES = 32
+
+
+class TurnWorker:
+    def __init__(
+        self,
+        nc: Client,
+        log: TurnLog,
+        codec: Codec,
+        runner: TurnRunner,
+        *,
+        replica: str,
+        max_attempts: int,
+        logger: logging.Logger,
+    ) -> None:
+        self._nc = nc
+        self._log = log
+        self._codec = codec
+        self._runner = runner
+        self._replica = replica
+        self._max_attempts = max_attempts
+        self._logger = logger
+        self._decode = msgspec.json.Decoder(TurnWork).decode
+
+    async def handle(self, delivery: Delivery) -> Settle:
+        try:
+            work = self._decode(delivery.data)
+            for kind, value in (("tenant", work.tenant), ("session", work.session)):
+                check_id(kind, value)
+            check_id("turn", work.turn)
+        except (msgspec.DecodeError, InvalidId) as exc:
+            self._logger.error("malformed turn work item: dropped", extra={"why": str(exc)})
+            return Settle.TERM
+        token = CancelToken()
+        sub = await self._watch_cancels(work, token)
+        try:
+            return await self._take(work, delivery, token)
+        finally:
+            await sub.unsubscribe()
+
+    async def _watch_cancels(self, work: TurnWork, token: CancelToken) -> Subscription:
+        """Listen before folding, so a cancel stored between the fold and the run is seen
+        either in the fold or here."""
+
+        async def on_message(msg: Msg) -> None:
+            if (msg.headers or {}).get(TYPE_HEADER) != CANCEL:
+                return
+            try:
+                envelope = await self._codec.decode(msg.data, tenant=work.tenant)
+            except CodecError:
+                return
+            if envelope.turn == work.turn and isinstance(envelope.data, CancelRequested):
+                token.cancel(envelope.data.reason)
+
+        return await self._nc.subscribe(log_subject(work.tenant, work.session), cb=on_message)
+
+    async def _take(self, work: TurnWork, delivery: Delivery, token: CancelToken) -> Settle:
+        for _ in range(CONFLICT_TRIES):
+            state, head = await self._log.load(work.tenant, work.session)
+            decision = turns.start(
+                state, work.turn, delivery=delivery.attempt, max_attempts=self._max_attempts,
+                replica=self._replica, restartable=self._runner.restartable,
+            )  # fmt: skip
+            if isinstance(decision, turns.Drop):
+                self._logger.info("turn not run", extra={"turn": work.turn, "why": decision.why})
+                return Settle.ACK
+            if isinstance(decision, turns.End):
+                if await self._record(work, head, decision.event):
+                    return Settle.ACK
+                continue
+            if not await self._record(work, head, decision.event):
+                continue
+            return await self._run(work, decision, token)
+        return Settle.NAK
+
+    async def _record(self, work: TurnWork, head: Head, event: Event) -> bool:
+        try:
+            await self._log.append(work.tenant, work.session, work.turn, event, expect=head)
+        except AppendConflict:
+            return False
+        return True
+
+    async def _run(self, work: TurnWork, start: turns.Start, token: CancelToken) -> Settle:
+        attempt = start.event.attempt
+        requested = await self._log.requested(work.tenant, work.session, start.message_seq)
+        turn = TurnInput(
+            tenant=work.tenant, session=work.session, turn=work.turn,
+            message=requested.data.message, attempt=attempt, replica=self._replica,
+        )  # fmt: skip
+        ended = await self._outcome(turn, token)
+        for _ in range(CONFLICT_TRIES):
+            state, head = await self._log.load(work.tenant, work.session)
+            decision = turns.finish(state, work.turn, attempt=attempt, event=ended)
+            if isinstance(decision, turns.Superseded):
+                self._logger.warning(
+                    "turn superseded: not recorded",
+                    extra={"turn": work.turn, "attempt": attempt, "why": decision.why},
+                )
+                return Settle.LEAVE
+            if await self._record(work, head, decision.event):
+                return Settle.ACK
+        return Settle.NAK
+
+    async def _outcome(self, turn: TurnInput, token: CancelToken) -> Event:
+        try:
+            result = await self._runner.run(turn, token)
+        except Exception as exc:
+            # The traceback stays in this replica's log; the event says what and where to
+            # look, never the exception's text (it may hold anything, secrets included).
+            self._logger.exception("turn runner failed", extra={"turn": turn.turn})
+            return TurnFailed(
+                error=(
+                    f"the agent failed while running this turn ({type(exc).__name__}); "
+                    f"replica {turn.replica}'s log has the details"
+                ),
+                retryable=True,
+                code="runner_error",
+                attempt=turn.attempt,
+            )
+        if isinstance(result, Answered):
+            return TurnCompleted(answer=result.answer)
+        return TurnCancelled(reason=token.reason, partial=result.partial, attempt=turn.attempt)

@@ -5,13 +5,13 @@ Each service's `app.py` gives a `setup(ctx)` coroutine that registers its subscr
 """
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
-import socket
+import sys
 import time
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -22,11 +22,12 @@ from fleet_events import Actor, bus
 from fleet_events.bus import Ping, Pong, Verb
 from fleet_mesh import logs, rpc
 from fleet_mesh.connection import connect, server_address
+from fleet_mesh.settings import BadSetting, MeshSettings, load_settings
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
 
-__all__ = ["Ping", "Pong", "ServiceContext", "run", "serve_forever"]
+__all__ = ["Ping", "Pong", "ServiceContext", "run", "running", "serve_forever"]
 
 
 @dataclass
@@ -66,27 +67,24 @@ class ServiceContext:
 
 
 def replica_id(service: str) -> str:
-    explicit = os.environ.get("FLEET_REPLICA")
-    if explicit:
-        return explicit
-    return f"{socket.gethostname()[:24]}-{os.getpid()}-{uuid.uuid4().hex[:6]}".replace(".", "-")
+    """`FLEET_REPLICA`, or a name unique to this process (see `MeshSettings.replica_for`)."""
+    return load_settings().replica_for(service)
 
 
-async def serve_forever(
+@contextlib.asynccontextmanager
+async def running(
     name: str,
     setup: Callable[[ServiceContext], Awaitable[None]],
     *,
-    url: str | None = None,
-    stop: asyncio.Event | None = None,
-) -> None:
-    replica = replica_id(name)
-    log = logs.configure(name, replica, os.environ.get("FLEET_LOG_LEVEL", "INFO"))
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    nc = await connect(url, name=f"{name}:{replica}")
+    settings: MeshSettings,
+    log: logging.Logger | None = None,
+) -> AsyncIterator[ServiceContext]:
+    """A service's life on the bus without the process around it (signals, log set-up): what
+    `serve_forever` runs, and what a test mounts to run a service inside its own loop."""
+    replica = settings.replica_for(name)
+    log = log or logging.getLogger(f"fleet.{name}")
+    log.info("connecting")
+    nc = await connect(settings.nats_url, name=f"{name}:{replica}")
     ctx = ServiceContext(name=name, replica=replica, nc=nc, js=nc.jetstream(), log=log)
 
     async def pong(_: Ping) -> Pong:
@@ -98,22 +96,68 @@ async def serve_forever(
             details=ctx.ping_details(),
         )
 
-    await setup(ctx)
-    # Ping last: a service that answers ping has every subscription of its setup live.
-    await ctx.serve(bus.ping(name), pong)
-    log.info("started", extra={"server": server_address(nc)})
-    await stop.wait()
-    log.info("stopping")
+    try:
+        await setup(ctx)
+        # Ping last: a service that answers ping has every subscription of its setup live.
+        await ctx.serve(bus.ping(name), pong)
+        log.info("started", extra={"server": server_address(nc)})
+        yield ctx
+    finally:
+        log.info("stopping")
+        await _stop(ctx, log)
+        log.info("stopped")
+
+
+async def _stop(ctx: ServiceContext, log: logging.Logger) -> None:
     # Every phase is bounded: with NATS gone (a mesh stopping around us) a drain or an
     # in-flight reply would otherwise wait for a server that is not coming back.
     await _bounded(asyncio.gather(*(s.stop() for s in ctx.served)), STOP_GRACE_S, "requests", log)
     for hook in reversed(ctx.on_stop):
         await _bounded(hook(), STOP_GRACE_S, "a stop hook", log)
-    if nc.is_connected:
-        await _bounded(nc.drain(), DRAIN_S, "the NATS drain", log)
-    if not nc.is_closed:
-        await nc.close()
-    log.info("stopped")
+    if ctx.nc.is_connected:
+        await _bounded(ctx.nc.drain(), DRAIN_S, "the NATS drain", log)
+    if not ctx.nc.is_closed:
+        await ctx.nc.close()
+
+
+async def serve_forever(
+    name: str,
+    setup: Callable[[ServiceContext], Awaitable[None]],
+    *,
+    url: str | None = None,
+    stop: asyncio.Event | None = None,
+    settings: MeshSettings | None = None,
+) -> None:
+    settings = settings or load_settings()
+    if url is not None:
+        settings = settings.model_copy(update={"nats_url": url})
+    # The replica is fixed here, once, so the log lines and the bus agree on it.
+    settings = settings.model_copy(update={"replica": settings.replica_for(name)})
+    log = logs.configure(name, settings.replica_for(name), settings.log_level)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    started = asyncio.Event()
+
+    async def live() -> None:
+        async with running(name, setup, settings=settings, log=log):
+            started.set()
+            await stop.wait()
+
+    # A stop asked for before the service is up (nats-py retries its first connection forever)
+    # cancels the start: nothing else would wait on `stop` until the connection is made.
+    life = asyncio.create_task(live())
+    asked = asyncio.create_task(stop.wait())
+    await asyncio.wait({life, asked}, return_when=asyncio.FIRST_COMPLETED)
+    asked.cancel()
+    if not life.done() and not started.is_set():
+        log.info("stopped before starting")
+        life.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await life
+        return
+    await life
 
 
 STOP_GRACE_S = 10.0
@@ -130,5 +174,10 @@ async def _bounded(work: Awaitable[object], seconds: float, what: str, log: logg
 
 
 def run(name: str, setup: Callable[[ServiceContext], Awaitable[None]]) -> None:
-    """The body of every service's `main()`."""
-    asyncio.run(serve_forever(name, setup))
+    """The body of every service's `main()`. A bad setting ends the process before anything
+    starts, with the one line that says what to fix (exit code 1)."""
+    try:
+        settings = load_settings()
+    except BadSetting as exc:
+        sys.exit(f"{name}: {exc}")
+    asyncio.run(serve_forever(name, setup, settings=settings))

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from fleet_agent.lenient import Unknown
 from fleet_events import Envelope, Event
 from fleet_events.catalog import ALL_EVENTS
 from fleet_events.session import (
@@ -99,6 +100,8 @@ def _skip(state: SessionState, data: Event) -> SessionState:
 
 
 def _type_name(data: Event) -> str:
+    if isinstance(data, Unknown):
+        return data.of_type
     tag = type(data).__struct_config__.tag
     return tag if isinstance(tag, str) else type(data).__name__
 

@@ -1,0 +1,342 @@
+"""The budget-aware LM: every model call of a tree asks the budget service first.
+
+dspy 3.4.1 deprecates `BaseLM.forward` subclasses in favour of engines (`complete(Request) ->
+Response`), so this is a pair of dspy engines behind an ordinary `dspy.LM`. For each call:
+
+1. resolve the role's profile and its key *now* (a rotated key or a changed profile applies to
+   the next call on every replica);
+2. ask `budget.grant` under the client rule of docs/budget.md, saying whether this is a run's own
+   step (bounded by `max_iters`) or a sub call (bounded by `max_llm_calls`); a refusal raises
+   `BudgetSpent`, whose message ("budget spent: ...") the model can read and act on;
+3. call the model through LiteLLM with the profile's address, key, timeout and limits;
+4. record usage (`budget.usage`), failed calls included, at the profile's prices, and hand an
+   `LlmCalled` event to `on_call` for the run engine to append.
+
+The key is passed to LiteLLM explicitly on every call, a placeholder when the profile has
+none, so LiteLLM never falls back to a provider key in the host environment (which it would
+then send to whatever `api_base` a profile names). Error text is scrubbed of the key before it
+goes anywhere.
+"""
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: never fetch the map
+
+import dspy
+from dspy.clients.engines.litellm_engine import LiteLLMEngine
+from dspy.clients.lm15_boundary import request_kwargs
+from dspy.lm15 import Request, Response
+from dspy.utils.exceptions import LMConfigurationError, LMError
+from nats.aio.client import Client
+
+from fleet_events import bus
+from fleet_events.budget import (
+    ATTEMPT_TIMEOUT_S,
+    CLIENT_DEADLINE_S,
+    RETRYABLE_CODES,
+    Grant,
+    GrantReply,
+    RecordUsage,
+)
+from fleet_events.envelope import new_id
+from fleet_events.llm import InvalidProfile, LlmProfile, cost
+from fleet_events.run import ChatMessage, LlmCalled, request_digest
+from fleet_mesh import rpc
+from fleet_mesh.runtime_config import LlmConfig, ProfileNotFound, StoredProfile
+from fleet_mesh.secrets import SecretError, SecretsReader
+
+T = TypeVar("T")
+RequestKind = Literal["step", "sub"]
+
+NO_KEY = "unused"
+"""Sent as the key when a profile names no secret (a local server that checks none)."""
+
+
+# dspy passes its own LMError family through by identity and wraps anything else as an
+# "unexpected" engine bug; these are expected outcomes with messages meant for the model or the
+# operator, so they join that family (dspy is untyped, hence the ignores).
+
+
+class BudgetSpent(LMError):  # type: ignore[misc]
+    """The budget service refused the call; the message starts with "budget spent: "."""
+
+    default_code = "budget_spent"
+
+
+class LmCallFailed(LMError):  # type: ignore[misc]
+    """The model call failed; the message is the provider's, with any key scrubbed out."""
+
+    default_code = "provider"
+
+
+class LmNotConfigured(LMConfigurationError):  # type: ignore[misc]
+    """The role has no usable profile or key; the message says what to set."""
+
+
+class Runner(Protocol):
+    """Runs a coroutine on the loop that owns the NATS connection (e.g. `SandboxBus`)."""
+
+    def run(self, work: Coroutine[Any, Any, T], *, timeout: float) -> T: ...
+
+
+@dataclass(frozen=True)
+class LmServices:
+    """What an LM needs from the mesh, all bound to the runner's loop."""
+
+    nc: Client
+    llm: LlmConfig
+    secrets: SecretsReader
+
+
+@dataclass(frozen=True)
+class CallScope:
+    """Whose call this is: it is charged to `tree` on behalf of `run`."""
+
+    tenant: str
+    tree: str
+    run: str
+    role: str
+    kind: RequestKind
+
+
+def scrub(text: str, secret: str | None) -> str:
+    if secret and secret != NO_KEY and len(secret) >= 4:
+        text = text.replace(secret, "***")
+    return text
+
+
+def _messages(request: Request) -> tuple[list[ChatMessage], dict[str, Any]]:
+    data = request_kwargs(request, "chat")
+    messages = [
+        ChatMessage(
+            role=str(m.get("role", "")),
+            content=m.get("content"),
+            name=m.get("name"),
+            tool_call_id=m.get("tool_call_id"),
+            tool_calls=m.get("tool_calls"),
+        )
+        for m in data.pop("messages", [])
+    ]
+    return messages, data
+
+
+def _text(response: Response) -> str:
+    return "".join(getattr(part, "text", "") or "" for part in response.message.parts)
+
+
+def _with_profile_limits(request: Request, profile: LlmProfile) -> Request:
+    config = request.config
+    if profile.max_tokens is not None and (
+        config.max_tokens is None or config.max_tokens > profile.max_tokens
+    ):
+        config = dataclasses.replace(config, max_tokens=profile.max_tokens)
+    if profile.temperature is not None and config.temperature is None:
+        config = dataclasses.replace(config, temperature=profile.temperature)
+    return request if config is request.config else dataclasses.replace(request, config=config)
+
+
+class BudgetedEngine:
+    """dspy's sync engine protocol; safe to call from any thread but the runner's own."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        services: LmServices,
+        scope: CallScope,
+        *,
+        on_call: Callable[[LlmCalled], object] | None = None,
+        grant_id: Callable[[], str] = new_id,
+        deadline_s: float = CLIENT_DEADLINE_S,
+    ) -> None:
+        self.runner = runner
+        self.services = services
+        self.scope = scope
+        self.on_call = on_call
+        self.grant_id = grant_id
+        self.deadline_s = deadline_s
+
+    # -- mesh steps, run on the runner's loop ----------------------------------------------
+
+    async def _resolve(self) -> tuple[StoredProfile, str]:
+        try:
+            stored = await self.services.llm.resolve(self.scope.role, tenant=self.scope.tenant)
+            secret = stored.profile.secret
+            if secret is None:
+                return stored, NO_KEY
+            # the profile's own scope: a tenant profile never opens a global secret
+            return stored, await self.services.secrets.get(secret, tenant=stored.tenant)
+        except (ProfileNotFound, SecretError, InvalidProfile) as exc:
+            raise LmNotConfigured(str(exc)) from None
+
+    async def _grant(self, grant_id: str) -> GrantReply:
+        request = Grant(
+            request_id=grant_id,
+            tree=self.scope.tree,
+            run=self.scope.run,
+            calls=1,
+            kind=self.scope.kind,
+        )
+        try:
+            return await rpc.call_verb_retrying(
+                self.services.nc,
+                bus.GRANT,
+                request,
+                attempt_timeout=ATTEMPT_TIMEOUT_S,
+                deadline=self.deadline_s,
+                retry_codes=RETRYABLE_CODES,
+            )
+        except rpc.NoFinalAnswer:
+            # docs/budget.md rule 4: no final answer is a refusal; spend less, never more
+            return GrantReply(
+                granted=False,
+                calls=1,
+                remaining=0,
+                reason="unavailable",
+                message=f"budget spent: the budget service did not answer in {self.deadline_s}s",
+            )
+
+    async def _usage(self, usage: RecordUsage) -> None:
+        await rpc.call_verb_retrying(
+            self.services.nc,
+            bus.RECORD_USAGE,
+            usage,
+            attempt_timeout=ATTEMPT_TIMEOUT_S,
+            deadline=self.deadline_s,
+            retry_codes=RETRYABLE_CODES,
+        )
+
+    # -- the engine protocol -------------------------------------------------------------------
+
+    def complete(self, request: Request) -> Response:
+        stored, api_key = self.runner.run(self._resolve(), timeout=30)
+        profile = stored.profile
+        grant_id = self.grant_id()
+        reply = self.runner.run(self._grant(grant_id), timeout=self.deadline_s + 5)
+        if not reply.granted:
+            message = reply.message or f"budget spent: {reply.reason or 'grant refused'}"
+            if not message.startswith("budget spent"):
+                message = f"budget spent: {message}"
+            raise BudgetSpent(message)
+        request = _with_profile_limits(request, profile)
+        messages, params = _messages(request)
+        started = time.monotonic()
+        response: Response | None = None
+        error = ""
+        try:
+            engine = LiteLLMEngine(
+                api_key=api_key,
+                api_base=profile.api_base,
+                timeout=profile.timeout_s,
+                wire_model=profile.model,
+            )
+            response = engine.complete(request)
+        except Exception as exc:
+            error = scrub(f"{type(exc).__name__}: {exc}", api_key)
+        latency_ms = (time.monotonic() - started) * 1000
+        prompt = (response.usage.input_tokens or 0) if response else 0
+        completion = (response.usage.output_tokens or 0) if response else 0
+        spent = cost(profile.prices, prompt, completion)
+        self.runner.run(
+            self._usage(
+                RecordUsage(
+                    request_id=f"{grant_id}-usage",
+                    tree=self.scope.tree,
+                    run=self.scope.run,
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    cost=spent,
+                    model=profile.model,
+                    role=self.scope.role,
+                )
+            ),
+            timeout=self.deadline_s + 5,
+        )
+        if self.on_call is not None:
+            self.on_call(
+                LlmCalled(
+                    role=self.scope.role,
+                    model=profile.model,
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    cost=spent,
+                    latency_ms=round(latency_ms, 3),
+                    request_kind=self.scope.kind,
+                    grant_id=grant_id,
+                    messages=messages,
+                    params=params,
+                    response=_text(response) if response else "",
+                    request_hash=request_digest(profile.model, messages, params),
+                    error=error,
+                )
+            )
+        if response is None:
+            raise LmCallFailed(error)
+        return response
+
+    def stream(self, request: Request) -> Any:
+        raise LmCallFailed("streaming through the budgeted LM is not built yet; call complete()")
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncBudgetedEngine:
+    """dspy's async engine protocol over the sync one, in a worker thread (the sync engine
+    waits on the runner's loop, which may be the caller's)."""
+
+    def __init__(self, sync: BudgetedEngine) -> None:
+        self.sync = sync
+
+    async def complete(self, request: Request) -> Response:
+        return await asyncio.to_thread(self.sync.complete, request)
+
+    def stream(self, request: Request) -> Any:
+        raise LmCallFailed("streaming through the budgeted LM is not built yet; call complete()")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def budgeted_lm(
+    runner: Runner,
+    services: LmServices,
+    scope: CallScope,
+    *,
+    on_call: Callable[[LlmCalled], object] | None = None,
+    grant_id: Callable[[], str] = new_id,
+) -> Any:
+    """A `dspy.LM` whose every call is granted, made with the role's profile, and recorded.
+
+    Its model label (`openai/fleet-<role>`) only names it in dspy's history: the model called
+    is the profile's, read at each call. dspy's cache and retries are off, so every call is
+    one grant and one provider call.
+    """
+    engine = BudgetedEngine(runner, services, scope, on_call=on_call, grant_id=grant_id)
+    return dspy.LM(
+        f"openai/fleet-{scope.role}",
+        engine=engine,
+        async_engine=AsyncBudgetedEngine(engine),
+        cache=False,
+        num_retries=0,
+    )
+
+
+__all__ = [
+    "NO_KEY",
+    "AsyncBudgetedEngine",
+    "BudgetSpent",
+    "BudgetedEngine",
+    "CallScope",
+    "LmCallFailed",
+    "LmNotConfigured",
+    "LmServices",
+    "Runner",
+    "budgeted_lm",
+    "scrub",
+]

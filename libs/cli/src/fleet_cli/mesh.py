@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,10 @@ STATE_FILE = "up.json"
 LOCAL_SYNC_INTERVAL = "always"
 
 log = logging.getLogger("fleet.up")
+
+# Runs after the bootstrap, before the services start: it may launch children of its own (the
+# local LLM server) and returns environment the services get on top of `fleet up`'s own.
+BeforeServices = Callable[[str, Supervisor], Awaitable[dict[str, str]]]
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ async def up(
     *,
     on_change: Callable[[list[ChildView]], None] = lambda _: None,
     on_started: Callable[[str], None] = lambda _: None,
+    before_services: BeforeServices | None = None,
 ) -> None:
     """Run the whole local mesh until `stop` is set; leave no process behind."""
     options.logs.mkdir(parents=True, exist_ok=True)
@@ -178,7 +183,11 @@ async def up(
             nats_url = options.join_url
             log.info("joining NATS at %s", nats_url)
         await run_bootstrap(nats_url)
-        supervisor.launch(*service_specs(options, nats_url))
+        extra_env = await before_services(nats_url, supervisor) if before_services else {}
+        specs = service_specs(options, nats_url)
+        for spec in specs:
+            spec.env.update(extra_env)
+        supervisor.launch(*specs)
         state_file.write_text(
             json.dumps({"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url})
         )

@@ -23,6 +23,7 @@ from fleet_agent import app
 from fleet_agent.config import AgentSettings
 from fleet_events import Actor, Envelope, Event, bus, new_id, streams, utc_now
 from fleet_events.bus import Ping
+from fleet_events.codec import Codec, CodecError
 from fleet_events.session import (
     CancelRequested,
     TurnCancelled,
@@ -34,6 +35,7 @@ from fleet_events.session import (
 from fleet_harness.procs import Launcher, Replica
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
+from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
@@ -59,6 +61,7 @@ class Mesh:
     nc: Client
     js: JetStreamContext
     store: EventStore
+    codec: Codec
     barriers: Path
 
     async def request(
@@ -86,7 +89,15 @@ class Mesh:
         raise AssertionError("the log kept moving")
 
     async def events(self, tenant: str, session: str) -> list[StoredEvent]:
-        return [e async for e in self.store.replay(log_subject(tenant, session))]
+        """The log, skipping what this version cannot decode (a newer replica's types)."""
+        found = []
+        async for raw in self.store.read_raw(log_subject(tenant, session)):
+            try:
+                envelope = await self.codec.decode(raw.data, tenant=tenant)
+            except CodecError:
+                continue
+            found.append(StoredEvent(raw.subject, raw.seq, envelope, "", ""))
+        return found
 
     async def of_turn(self, tenant: str, session: str, turn: str) -> list[Event]:
         return [
@@ -136,7 +147,8 @@ async def mesh(server: NatsServer, barriers: Path) -> AsyncIterator[Mesh]:
     js = nc.jetstream()
     await bootstrap(js, env={})
     try:
-        yield Mesh(nc, js, await open_store(js, streams.SESSIONS), barriers)
+        codec = Codec(await JetStreamBlobs.open(js))
+        yield Mesh(nc, js, await open_store(js, streams.SESSIONS), codec, barriers)
     finally:
         await nc.close()
 

@@ -39,7 +39,7 @@ class Sandbox(Protocol):
 
     @property
     def stopped_limit(self) -> str | None:
-        """`wall_time`, `cpu_time`, `memory`, `frame_size`, `protocol` or `exited`."""
+        """`wall_time`, `cpu_time`, `memory`, `inodes`, `frame_size`, `protocol` or `exited`."""
         ...
 
     async def open_context(self, context: str) -> None: ...

@@ -50,30 +50,66 @@ log = logging.getLogger("fleet.sandbox.local")
 
 RUNNER = Path(__file__).with_name("runner.py")
 
+# The sandbox's root filesystem, built by allow-list in its own mount namespace: a tmpfs over
+# /tmp (private to the namespace) becomes `/`, holding only SHOW (directories bound, links
+# copied), the ETC files under /etc, /proc, a minimal /dev, an empty /tmp and the sandbox
+# root at its own path (so roots under /tmp, as in tests, still resolve), mounted nosuid and
+# nodev; then pivot_root into it and return to the workspace (the cwd it was started in).
+# Args: $1 root, $2 SHOW, $3 ETC, $4 HIDE, volume binds
+# (source target) up to "--", then the command.
 SETUP_SH = """set -e
-R="$1"; HIDE="$2"; shift 2
+R="$1"; SHOW="$2"; ETC="$3"; HIDE="$4"; shift 4
+W="$(pwd)"
 while [ "$1" != "--" ]; do
   mount --no-canonicalize --bind "$1" "$2"
+  mount --no-canonicalize -o remount,bind,nosuid,nodev "$2"
   shift 2
 done
 shift
 exec 8<"$R"
-HIDDEN=""
-for d in /tmp $HIDE; do
-  if [ -d "$d" ] && [ ! -L "$d" ]; then
-    mount -t tmpfs -o size=64k,mode=755 tmpfs "$d"
-    HIDDEN="$HIDDEN $d"
+N=/tmp
+mount -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs "$N"
+copy() {
+  if [ -L "$1" ]; then ln -s "$(readlink "$1")" "$N$1"
+  elif [ -d "$1" ]; then mkdir -p "$N$1"; mount --rbind "$1" "$N$1"
+  elif [ -e "$1" ]; then : > "$N$1"; mount --bind "$1" "$N$1"
   fi
-done
-for d in /var/tmp /dev/shm /run/lock; do
-  if [ -d "$d" ]; then mount -t tmpfs -o ro,size=4k,mode=755 tmpfs "$d"; fi
-done
-mkdir -p "$R"
-mount --no-canonicalize --rbind /proc/self/fd/8 "$R"
+}
+for d in $SHOW; do copy "$d"; done
+mkdir -p "$N/etc" "$N/proc" "$N/dev" "$N/tmp"
+for f in $ETC; do copy "/etc/$f"; done
+mount --rbind /proc "$N/proc"
+mount -t tmpfs -o size=16k,mode=755,nosuid,noexec tmpfs "$N/dev"
+for f in null zero full random urandom; do copy "/dev/$f"; done
+ln -s /proc/self/fd "$N/dev/fd"
+ln -s /proc/self/fd/0 "$N/dev/stdin"
+ln -s /proc/self/fd/1 "$N/dev/stdout"
+ln -s /proc/self/fd/2 "$N/dev/stderr"
+mount -o remount,ro,bind "$N/dev"
+mkdir -p "$N$R"
+mount --no-canonicalize --rbind /proc/self/fd/8 "$N$R"
 exec 8<&-
-for d in $HIDDEN; do mount -o remount,ro,size=64k "$d"; done
+mount --no-canonicalize -o remount,bind,nosuid,nodev "$N$R"
+for h in $HIDE; do
+  case "$R/" in "$h"/*) continue ;; esac
+  if [ -d "$N$h" ] && [ ! -L "$N$h" ]; then mount -t tmpfs -o ro,size=4k tmpfs "$N$h"; fi
+done
+cd "$N"
+PATH="/usr/sbin:/sbin:$PATH" pivot_root . .
+umount -l .
+mount -o remount,ro,bind /
+cd "$W"
+unset OLDPWD
 exec "$@"
 """
+
+# What a sandbox sees of the host: Python and the tools it runs need these, nothing else.
+SHOW = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC = (
+    "passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+    "localtime", "timezone", "mime.types", "protocols", "services", "hosts", "host.conf",
+    "os-release", "alternatives", "python3", "python3.11", "python3.12", "python3.13",
+)  # fmt: skip
 
 # Clones into a sandbox's workspace as its uid. $1 workspace, $2 a bundle of a local source
 # or "", $3 uid, $4 URL, $5 ref (already checked: never an option). The workspace and the
@@ -107,10 +143,7 @@ GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_TERMINAL_PROMPT
 CLONE_TIMEOUT_S = 300
 INTERRUPT_TIMEOUT_S = 5.0
 
-HIDE = (
-    "/home", "/root", "/srv", "/mnt", "/media", "/opt", "/run", "/work",
-    "/var/lib", "/var/log", "/var/spool", "/var/mail", "/var/backups", "/var/cache",
-)  # fmt: skip
+HIDE: tuple[str, ...] = ()  # the allow-list shows none of /home, /root, /work, /run, /var ...
 
 CAPABILITIES = Capabilities(
     fork=True,
@@ -131,12 +164,18 @@ class LocalSettings:
     output_cap: int = 1024 * 1024
     start_timeout_s: float = 15.0
     uid_locks: Path = Path("/run/fleet-rlm/sandbox-uids")
-    # host directories replaced by an empty read-only tmpfs inside every sandbox (world-readable
-    # is not the same as public: project checkouts, service state, sockets under /run)
+    # host paths a sandbox sees (an allow-list; /etc only the ETC entries)
+    show: tuple[str, ...] = SHOW
+    # covered by an empty read-only tmpfs even where `show` would expose them (a directory
+    # under /usr holding something private); none of the defaults exist inside a sandbox
     hide: tuple[str, ...] = HIDE
     # host tool calls in flight at once per sandbox; more are refused to the sandbox at once
     # (its code can write `tool` frames of its own, each would be a relay on the host)
     max_tool_calls: int = 8
+    # files and directories a sandbox's workspace and tmp may hold (no quota on the host's
+    # filesystems: counted while cells run, at most every `inode_check_s`, and after each)
+    max_inodes: int = 100_000
+    inode_check_s: float = 1.0
 
 
 @dataclass
@@ -176,6 +215,9 @@ class LocalSandbox:
         self._ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tool_tasks: set[asyncio.Task[None]] = set()
+        self._inode_task: asyncio.Task[None] | None = None
+        self._inode_again = False
+        self._inode_last = 0.0
         self.contexts: set[str] = set()
         self.on_stop: list[Callable[[Any], Awaitable[None]]] = []
         self._stopped = asyncio.Event()
@@ -377,6 +419,7 @@ class LocalSandbox:
         loop = asyncio.get_running_loop()
         pending = _Exec(loop.create_future(), Stopwatch(wall_s), relay, context)
         self._execs[exec_id] = pending
+        self._watch_inodes()
         await self._channel.send(
             frames.Exec(
                 exec=exec_id, ctx=context, code=code, vars=variables, blobs=blobs, tools=tools,
@@ -394,7 +437,47 @@ class LocalSandbox:
             self._execs.pop(exec_id, None)
             for call in pending.calls:  # a cell's host calls end with it
                 call.cancel()
+            self._watch_inodes()
         return _reply(frame)
+
+    # -- inodes ------------------------------------------------------------------------------
+
+    def _watch_inodes(self) -> None:
+        """Count while cells run and once after each; one count at a time, rate-limited."""
+        if not self.running:
+            return
+        if self._inode_task is not None and not self._inode_task.done():
+            self._inode_again = True
+            return
+        self._inode_task = asyncio.create_task(self._inode_loop(), name=f"inodes-{self.id}")
+
+    async def _inode_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._provider.settings.inode_check_s
+        while self.running:
+            self._inode_again = False
+            wait = self._inode_last + interval - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)  # the rate limit between two counts
+            self._inode_last = loop.time()
+            await self.check_inodes()
+            if not (self._execs or self._inode_again):
+                return
+
+    async def check_inodes(self) -> int:
+        """Files and directories in the workspace and tmp (counting stops past the cap);
+        past the cap the sandbox is stopped with limit `inodes`."""
+        cap = self._provider.settings.max_inodes
+        found = await asyncio.to_thread(
+            count_entries, [self.workspace, self.directory / "tmp"], cap
+        )
+        if found > cap and self.running:
+            await self.stop(
+                f"inode limit of {cap} files and directories in the workspace and tmp reached; "
+                "the sandbox was stopped and its REPL state is lost",
+                "inodes",
+            )
+        return found
 
     def executing(self, context: str) -> bool:
         return any(p.context == context for p in self._execs.values())
@@ -516,6 +599,8 @@ class LocalSandbox:
         self._kill_group()
         if self._reader is not None and self._reader is not asyncio.current_task():
             self._reader.cancel()
+        if self._inode_task is not None and self._inode_task is not asyncio.current_task():
+            self._inode_task.cancel()
         self._channel.close()
         if not self._ready.done():
             self._ready.set_exception(SandboxStopped(reason))
@@ -564,6 +649,26 @@ def _reply(frame: frames.ExecOutcome) -> ExecuteReply:
         case frames.Missing():
             return ExecuteReply(kind="missing", missing=frame.hashes)
     raise ProtocolViolation(f"unexpected frame {frame!r}")
+
+
+def count_entries(tops: list[Path], cap: int) -> int:
+    """Entries under `tops`, never following a link, stopping once past `cap`. The tree is
+    the sandbox's: entries vanishing or swapped mid-walk are skipped, never followed."""
+    found = 0
+    stack = [str(top) for top in tops]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    found += 1
+                    if found > cap:
+                        return found
+                    with contextlib.suppress(OSError):
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+        except OSError:
+            continue
+    return found
 
 
 def _owned_by(pid: int, uid: int) -> bool:
@@ -640,7 +745,8 @@ class LocalProvider:
             mine, theirs = socket.socketpair()
             argv = [
                 "unshare", "--net", "--mount", "--", "/bin/sh", str(self._setup),
-                str(self.settings.root), " ".join(self.settings.hide), *binds, "--",
+                str(self.settings.root), " ".join(self.settings.show), " ".join(ETC),
+                " ".join(self.settings.hide), *binds, "--",
                 "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
                 self.settings.python, "-I", str(directory / "runner.py"),

@@ -1,0 +1,135 @@
+"""What a sandbox sees of the host's filesystem: an allow-list, never a deny-list.
+
+The attacks: top-level host directories not on the old hide list were listable and readable
+from a sandbox; the workspace was mounted without nosuid/nodev; a workspace could fill the
+host's inodes with no cap.
+"""
+
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet_harness.waits import eventually
+from fleet_sandbox_broker.providers.local import ETC, SHOW, LocalProvider, LocalSandbox
+
+from .provider_kit import LIMITS, provider, run, value
+
+UID_BASE = 360400
+
+
+def shown_on_this_host() -> set[str]:
+    return {d.lstrip("/") for d in SHOW if os.path.lexists(d)}
+
+
+@pytest.fixture
+async def local(tmp_path: Path) -> AsyncIterator[LocalProvider]:
+    async with provider(tmp_path, UID_BASE, max_inodes=300, inode_check_s=0.2) as made:
+        yield made
+
+
+@pytest.fixture
+async def box(local: LocalProvider) -> AsyncIterator[LocalSandbox]:
+    made = await local.create("mounts", LIMITS)
+    yield made
+    await made.destroy()
+
+
+@pytest.fixture
+def host_secret() -> Iterator[Path]:
+    """A world-readable directory and file at the top of the host, on no list."""
+    top = Path(f"/zz-secret-{secrets.token_hex(4)}")
+    top.mkdir(mode=0o755)
+    (top / "file").write_text("host secret")
+    os.chmod(top / "file", 0o644)
+    yield top
+    shutil.rmtree(top)
+
+
+async def test_only_allow_listed_entries_exist_at_the_top(
+    box: LocalSandbox, local: LocalProvider, host_secret: Path
+) -> None:
+    root_top = local.settings.root.parts[1]  # the sandbox root is shown at its own path
+    expected = shown_on_this_host() | {"etc", "proc", "dev", "tmp", root_top}
+    top = value(await run(box, "import os\nsorted(os.listdir('/'))"))
+    assert set(top) == expected
+    etc = value(await run(box, "sorted(os.listdir('/etc'))"))
+    assert set(etc) <= set(ETC)
+    assert "shadow" not in etc
+    dev = value(await run(box, "sorted(os.listdir('/dev'))"))
+    assert set(dev) == {"null", "zero", "full", "random", "urandom", "fd", "stdin", "stdout",
+                        "stderr"}  # fmt: skip
+    probe = (
+        "out = {}\n"
+        f"for p in [{str(host_secret / 'file')!r}, '/work/main/pyproject.toml', '/root',"
+        " '/etc/shadow', '/home', '/run', '/var']:\n"
+        "    try:\n        open(p).read(); out[p] = 'read'\n"
+        "    except OSError as e:\n        out[p] = type(e).__name__\n"
+        "out"
+    )
+    seen = value(await run(box, probe))
+    assert seen == {
+        str(host_secret / "file"): "FileNotFoundError",
+        "/work/main/pyproject.toml": "FileNotFoundError",
+        "/root": "FileNotFoundError",
+        "/etc/shadow": "FileNotFoundError",
+        "/home": "FileNotFoundError",
+        "/run": "FileNotFoundError",
+        "/var": "FileNotFoundError",
+    }
+
+
+async def test_python_and_its_stdlib_work_inside(box: LocalSandbox) -> None:
+    code = (
+        "import json, decimal, hashlib, sqlite3, zlib, subprocess, tempfile, mimetypes\n"
+        "with tempfile.NamedTemporaryFile(dir='.') as f:\n    f.write(b'x')\n"
+        "(hashlib.sha256(b'a').hexdigest()[:8], subprocess.run(['echo', 'hi'],"
+        " capture_output=True, text=True).stdout, mimetypes.guess_type('a.json')[0])"
+    )
+    assert value(await run(box, code)) == ["ca978112", "hi\n", "application/json"]
+
+
+async def test_the_workspace_is_nosuid_and_nodev(box: LocalSandbox) -> None:
+    """A root-owned setuid copy of `id` and a device node, put in the workspace by root."""
+    setuid = box.workspace / "id"
+    shutil.copy("/usr/bin/id", setuid)
+    os.chmod(setuid, 0o4755)  # noqa: S103 - the point: a setuid-root binary
+    os.mknod(box.workspace / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    os.chmod(box.workspace / "null", 0o666)  # noqa: S103 - writable by anyone, but for nodev
+    code = (
+        "import subprocess\n"
+        "euid = subprocess.run(['./id', '-u'], capture_output=True, text=True).stdout.strip()\n"
+        "try:\n    open('null', 'w').write('x'); dev = 'opened'\n"
+        "except OSError as e:\n    dev = type(e).__name__\n"
+        "import os\nws = os.getcwd()\n"
+        "opts = [l.split()[5] for l in open('/proc/self/mountinfo')"
+        " if ws.startswith(l.split()[4] + '/')]\n"
+        "(euid, dev, opts)"
+    )
+    euid, dev, opts = value(await run(box, code))
+    assert euid == str(box.uid)
+    assert dev == "PermissionError"
+    assert opts
+    assert all({"nosuid", "nodev"} <= set(o.split(",")) for o in opts)
+
+
+async def test_more_files_than_the_inode_cap_stops_the_sandbox_saying_why(
+    box: LocalSandbox,
+) -> None:
+    assert value(await run(box, "for i in range(100):\n    open(f'f{i}', 'w').close()")) is None
+    assert await box.check_inodes() <= 300
+    assert box.running
+    reply = await run(
+        box, "import os\nos.mkdir('d')\nfor i in range(400):\n    open(f'd/f{i}', 'w').close()"
+    )
+    assert reply.kind == "result"
+    await eventually(lambda: not box.running, timeout=10, what="the sandbox stopped")
+    assert box.stopped_limit == "inodes"
+    assert box.stopped_reason == (
+        "inode limit of 300 files and directories in the workspace and tmp reached; the "
+        "sandbox was stopped and its REPL state is lost"
+    )

@@ -61,13 +61,13 @@ async def test_typed_request_reply_and_specific_errors(nc: Client) -> None:
 
 
 def test_reply_cache_keeps_the_latest_answers() -> None:
-    cache = rpc.ReplyCache(capacity=2)
-    cache.put("a", 1)
-    cache.put("b", 2)
-    assert cache.get("a") == 1
-    cache.put("c", 3)
+    cache = rpc.ReplyCache(max_bytes=30, max_entry_bytes=30)
+    for key in "abc":
+        assert cache.put(key, "d", b"x" * 8)  # 10 bytes each, key and digest included
+    assert cache.get("a") is not None  # now the most recently used
+    cache.put("d", "d", b"x" * 8)
     assert cache.get("b") is None
-    assert (cache.get("a"), cache.get("c")) == (1, 3)
+    assert [cache.get(k) is not None for k in "acd"] == [True, True, True]
 
 
 async def test_a_slow_request_does_not_hold_up_the_others(nc: Client) -> None:

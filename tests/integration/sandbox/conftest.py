@@ -9,6 +9,7 @@ from fleet_harness.procs import Replica, start_answering
 from fleet_mesh.natsserver import NatsServer
 
 BROKER_SECRET = "s3cr3t-broker-only-value"
+TENANT_QUOTA = 6  # live sandboxes per tenant (test_refusals.py fills one tenant to it)
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,7 @@ def broker(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) ->
             "FLEET_SANDBOX_UID_BASE": "320000",
             "FLEET_SANDBOX_UID_COUNT": "512",
             "FLEET_TEST_SECRET": BROKER_SECRET,
+            "FLEET_SANDBOX_TENANT_QUOTA": str(TENANT_QUOTA),
         },
     )
     yield replica

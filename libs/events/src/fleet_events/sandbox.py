@@ -124,11 +124,13 @@ class ChildIsolationDecided(Event, frozen=True, kw_only=True, tag="sandbox.child
 
 
 class SandboxReplaced(Event, frozen=True, kw_only=True, tag="sandbox.replaced"):
-    """A session's sandbox was gone; a new one runs on the same volume (REPL memory lost)."""
+    """A session's sandbox was gone; a new one runs on the same volume (REPL memory lost).
+    `sandbox == replaced`: the same sandbox revived in place; `replica` holds it from now on."""
 
     sandbox: str
     replaced: str
     reason: str
+    replica: str | None = None
 
 
 EVENTS: tuple[type[Event], ...] = (
@@ -304,6 +306,7 @@ class ExecuteReply(msgspec.Struct, frozen=True, kw_only=True):
     stdout: str = ""
     error: str = ""
     missing: list[str] = []
+    truncated: bool = False  # stdout or value was cut to fit the reply limit (the text says so)
 
 
 class ChildSandbox(msgspec.Struct, frozen=True, kw_only=True):

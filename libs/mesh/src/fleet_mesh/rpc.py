@@ -9,6 +9,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -266,21 +267,57 @@ async def call_retrying(
     raise NoFinalAnswer(f"{subject}: no final answer within {deadline}s (last: {last!r})")
 
 
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    """One answer kept for retries: the digest of the request it answered, and its bytes."""
+
+    digest: str
+    payload: bytes
+
+
 class ReplyCache:
-    """Bounded memory of answers by request id, so a retry gets the original answer."""
+    """Answers by request key, so a retry gets the original answer: bounded by the bytes they
+    hold, not their count (one answer can be a megabyte), least recently used out first.
 
-    def __init__(self, capacity: int = 10_000) -> None:
-        self._items: OrderedDict[str, Any] = OrderedDict()
-        self._capacity = capacity
+    The encoded answer is kept, not the object: its size is what is bounded, and a retry is
+    sent the very bytes the first answer was. An answer bigger than `max_entry_bytes` is not
+    kept at all (the request then runs again on a retry)."""
 
-    def get(self, request_id: str) -> Any | None:
-        value = self._items.get(request_id)
-        if value is not None:
-            self._items.move_to_end(request_id)
-        return value
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_entry_bytes: int | None = None):
+        self.max_bytes = max_bytes
+        self.max_entry_bytes = max_bytes // 8 if max_entry_bytes is None else max_entry_bytes
+        self._items: OrderedDict[str, Remembered] = OrderedDict()
+        self._bytes = 0
 
-    def put(self, request_id: str, reply: Any) -> None:
-        self._items[request_id] = reply
-        self._items.move_to_end(request_id)
-        while len(self._items) > self._capacity:
-            self._items.popitem(last=False)
+    @property
+    def size(self) -> int:
+        """What the kept answers weigh, keys and digests included."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: str) -> Remembered | None:
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+        return found
+
+    def put(self, key: str, digest: str, payload: bytes) -> bool:
+        """Keep an answer; False when it is too big to keep."""
+        weight = _weight(key, digest, payload)
+        if weight > self.max_entry_bytes:
+            return False
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._bytes -= _weight(key, old.digest, old.payload)
+        self._items[key] = Remembered(digest, payload)
+        self._bytes += weight
+        while self._bytes > self.max_bytes:
+            gone, item = self._items.popitem(last=False)
+            self._bytes -= _weight(gone, item.digest, item.payload)
+        return True
+
+
+def _weight(key: str, digest: str, payload: bytes) -> int:
+    return len(key) + len(digest) + len(payload)

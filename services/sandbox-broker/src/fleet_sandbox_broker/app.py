@@ -8,11 +8,13 @@ from fleet_mesh import service
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.store import EventStore
+from fleet_sandbox_broker import lifecycle
 from fleet_sandbox_broker.broker import Broker
 from fleet_sandbox_broker.config import BrokerSettings
 from fleet_sandbox_broker.providers.local import LocalProvider, LocalSettings
 from fleet_sandbox_broker.providers.uids import sweep_orphans
 from fleet_sandbox_broker.subscribers import Routes
+from fleet_sandbox_broker.view import SandboxesView
 
 
 async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = None) -> Broker:
@@ -38,10 +40,23 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
     store = EventStore(ctx.js, streams.SANDBOXES, Codec(blobs))
     config = await RuntimeConfig.open(ctx.js)
     sessions = EventStore(ctx.js, streams.SESSIONS, Codec(blobs))
-    broker = Broker(ctx, provider, store, blobs, settings, config, sessions)
-    await Routes(ctx, broker, settings.max_request_bytes).start()
-    broker.start()
-    ctx.on_stop.append(broker.close)
+    # caught up with the log before serving: list and the quota answer from it
+    view = SandboxesView(ctx.js, store, streams.SANDBOXES.name)
+    await view.start()
+    broker = Broker(ctx, provider, store, blobs, settings, config, view, sessions)
+    routes = Routes(
+        ctx, broker, max_request=settings.max_request_bytes, max_reply=settings.max_reply_bytes,
+        cache_bytes=settings.reply_cache_bytes,
+    )  # fmt: skip
+    await routes.start()
+    reconciling = asyncio.create_task(lifecycle.reconcile_until_done(broker), name="reconcile")
+    broker.pool.start()
+
+    async def stop() -> None:
+        reconciling.cancel()
+        await broker.close()
+
+    ctx.on_stop.append(stop)
     ctx.ping_details = lambda: {"sandboxes": len(broker.held), "warm": broker.pool.ready}
     return broker
 

@@ -5,12 +5,29 @@ The child isolation policy is not here: it is read from the config KV at each de
 """
 
 from pathlib import Path
+from typing import Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet_events.sandbox import Limits
+from fleet_sandbox_broker import domain
 from fleet_sandbox_broker.providers.local import HIDE
+
+MIB = 1024 * 1024
+
+# What a request may ask for, per field of `Limits` (inclusive). A negative or zero limit
+# would lift the rlimit it stands for (`memory_mb=-1` is RLIM_INFINITY), so every field has a
+# floor as well as a ceiling. FLEET_SANDBOX_LIMIT_BOUNDS='{"memory_mb": [64, 32768], ...}'.
+LIMIT_BOUNDS: dict[str, tuple[float, float]] = {
+    "memory_mb": (64, 16384),
+    "cpu_s_per_cell": (1, 3600),
+    "cpu_s_total": (1, 86400),
+    "nproc": (4, 1024),
+    "file_mb": (1, 65536),
+    "open_files": (32, 65536),
+    "wall_s": (0.1, 86400),
+}
 
 
 class BrokerSettings(BaseSettings):
@@ -23,9 +40,22 @@ class BrokerSettings(BaseSettings):
     uid_count: int = Field(default=4096, ge=1)
     # flocks claiming uids, shared by every broker on the host (a tmpfs: claims die with it)
     uid_locks: Path = Path("/run/fleet-rlm/sandbox-uids")
-    max_frame_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
-    output_cap_chars: int = Field(default=1024 * 1024, ge=1024)
-    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024 * 1024)
+    max_frame_bytes: int = Field(default=4 * MIB, ge=64 * 1024)
+    output_cap_chars: int = Field(default=MIB, ge=1024)
+    # 1 MiB, as every other service and docs/architecture.md: the size of a default NATS
+    # server's max_payload, so a request that passes here passes any server; larger inputs go
+    # through the object store (variables, files, context files all can).
+    max_request_bytes: int = Field(default=MIB, ge=64 * 1024)
+    # every reply fits in this and in the server's max_payload, whichever is smaller; a file
+    # read past it says to use via_blob, execution output past it is cut and says so
+    max_reply_bytes: int = Field(default=MIB, ge=64 * 1024)
+    # answers remembered for retries, by encoded size (not count: one `list` page or one
+    # execution can be a megabyte)
+    reply_cache_bytes: int = Field(default=64 * MIB, ge=MIB)
+    # live (not deleted) sandboxes one tenant may hold, across replicas (a uid each)
+    tenant_quota: int = Field(default=32, ge=1)
+    list_page_max: int = Field(default=500, ge=1)
+    limit_bounds: dict[str, tuple[float, float]] = Field(default_factory=lambda: dict(LIMIT_BOUNDS))
     memory_mb: int = Field(default=1024, ge=64)
     cpu_s_per_cell: int = Field(default=60, ge=1)
     cpu_s_total: int = Field(default=3600, ge=1)
@@ -39,6 +69,17 @@ class BrokerSettings(BaseSettings):
     allow_local_repos: bool = False  # tests clone local git repositories; production never
     snapshot_max_bytes: int = Field(default=256 * 1024, ge=1024)
     snapshot_file_bytes: int = Field(default=32 * 1024, ge=256)
+
+    @model_validator(mode="after")
+    def _defaults_within_bounds(self) -> Self:
+        """A default outside the bounds would refuse every create that omits `limits`."""
+        missing = set(LIMIT_BOUNDS) - set(self.limit_bounds)
+        if missing:
+            raise ValueError(f"FLEET_SANDBOX_LIMIT_BOUNDS lacks {sorted(missing)}")
+        problem = domain.limits_problem(self.default_limits(), self.limit_bounds)
+        if problem is not None:
+            raise ValueError(f"the default limits are out of bounds: {problem}")
+        return self
 
     def default_limits(self) -> Limits:
         return Limits(

@@ -3,15 +3,21 @@
 - `Stopwatch`: a cell's wall-time budget, paused while sandbox code waits on host tools.
 - `decide_child`: the isolation policy for a recursive child (issue 5).
 - `SandboxView` / `evolve`: what the log says about a sandbox, for list/get from any replica.
+- `limits_problem`, `quota_problem`, `page`, `fit_reply`: what a request may ask for and how
+  much of an answer fits on the wire.
+- the lifecycle events, each built by one function here (the application layer only appends).
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
+
+import msgspec
 
 from fleet_events import sandbox as ev
 from fleet_events.envelope import Event
+from fleet_sandbox_broker.errors import BadSpec
 
 
 class Stopwatch:
@@ -123,9 +129,12 @@ class SandboxView:
     stopped_reason: str | None = None
     spec: Spec = field(default_factory=Spec)
     limits: ev.Limits = field(default_factory=ev.Limits)
+    seq: int = 0  # stream sequence of its first event: the order (and cursor) of `list`
 
 
-def evolve(views: dict[str, SandboxView], tenant: str, event: Event) -> dict[str, SandboxView]:
+def evolve(
+    views: dict[str, SandboxView], tenant: str, event: Event, seq: int = 0
+) -> dict[str, SandboxView]:
     """Fold one lifecycle event into the views of a tenant's sandboxes (mutates `views`)."""
     match event:
         case ev.SandboxCreated():
@@ -136,12 +145,12 @@ def evolve(views: dict[str, SandboxView], tenant: str, event: Event) -> dict[str
             views[event.sandbox] = SandboxView(
                 event.sandbox, tenant, event.provider, event.replica, event.workspace,
                 labels=dict(event.labels), spec=spec, limits=event.limits,
-                parent=event.labels.get("parent"),
+                parent=event.labels.get("parent"), seq=seq,
             )  # fmt: skip
         case ev.SandboxForked():
             views[event.sandbox] = SandboxView(
                 event.sandbox, tenant, event.provider, event.replica, event.workspace,
-                parent=event.parent, labels=dict(event.labels), limits=event.limits,
+                parent=event.parent, labels=dict(event.labels), limits=event.limits, seq=seq,
             )  # fmt: skip
         case ev.ContextOpened() if event.sandbox in views:
             view = views[event.sandbox]
@@ -155,10 +164,13 @@ def evolve(views: dict[str, SandboxView], tenant: str, event: Event) -> dict[str
                 views[event.sandbox], status="stopped", stopped_reason=event.detail
             )
         case ev.SandboxReplaced() if event.sandbox == event.replaced and event.sandbox in views:
-            # revived in place after a broker restart: same workspace, new process
+            # revived in place after a broker restart: same workspace, new process, and the
+            # replica that revived it holds it now
+            view = views[event.sandbox]
             views[event.sandbox] = replace(
-                views[event.sandbox], status="running", stopped_reason=None, contexts=()
-            )
+                view, status="running", stopped_reason=None, contexts=(),
+                replica=event.replica or view.replica,
+            )  # fmt: skip
         case ev.SandboxDeleted() if event.sandbox in views:
             views[event.sandbox] = replace(views[event.sandbox], status="deleted")
         case _:
@@ -172,3 +184,197 @@ def to_reap(view: SandboxView, run_finished: bool = False) -> bool:
     if view.labels.get("role") == "session" and view.parent is None:
         return False
     return view.parent is not None or view.labels.get("role") == "child" or run_finished
+
+
+def orphaned(view: SandboxView, me: str, mine: Callable[[str], bool]) -> bool:
+    """A sandbox this replica should take over at start: not deleted, held by another replica
+    name, its workspace on this replica's disk (`mine`). Whether its holder is gone is asked
+    on the bus (no responders on the sandbox's own subject) before acting."""
+    return view.status != "deleted" and view.replica != me and mine(view.workspace)
+
+
+# -- what a request may ask for --------------------------------------------------------------
+
+Bounds = Mapping[str, tuple[float, float]]
+
+
+def limits_problem(limits: ev.Limits, bounds: Bounds) -> str | None:
+    """Why `limits` may not be granted, or None. Zero or negative limits would lift the rlimit
+    they stand for, so every field is held to a floor as well as a ceiling."""
+    for name in limits.__struct_fields__:
+        value = getattr(limits, name)
+        low, high = bounds[name]
+        if not low <= value <= high:  # NaN fails too
+            return (
+                f"limits.{name}={value!r} is outside the allowed range [{low:g}, {high:g}]; "
+                "ask for a value within it, or omit `limits` for the broker's defaults"
+            )
+    return None
+
+
+def quota_problem(tenant: str, live: int, quota: int) -> str | None:
+    """Why `tenant` may not start another sandbox now, or None (each one holds a host uid)."""
+    if live < quota:
+        return None
+    return (
+        f"tenant {tenant!r} already holds {live} live sandboxes, its quota is {quota}: "
+        "delete sandboxes it no longer needs, then ask again"
+    )
+
+
+def page(
+    views: Iterable[SandboxView], cursor: str | None, limit: int, max_limit: int
+) -> tuple[list[SandboxView], str | None]:
+    """One page, oldest first. The cursor is the stream sequence of the last item given, so
+    a sandbox created or deleted between pages neither repeats nor hides another."""
+    if not 1 <= limit <= max_limit:
+        raise BadSpec(f"limit={limit} is outside the allowed range [1, {max_limit}]")
+    after = 0
+    if cursor is not None:
+        if not cursor.isdigit() or len(cursor) > 19:
+            raise BadSpec(
+                f"cursor={cursor!r} is not a cursor this broker gave: pass a reply's "
+                "`next_cursor` unchanged, or none for the first page"
+            )
+        after = int(cursor)
+    chosen: list[SandboxView] = []
+    for view in sorted((v for v in views if v.seq > after), key=lambda v: v.seq):
+        if len(chosen) == limit:
+            return chosen, str(chosen[-1].seq)
+        chosen.append(view)
+    return chosen, None
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def _size(value: Any) -> int:
+    return len(_encoder.encode(value))
+
+
+def fit_reply(reply: ev.ExecuteReply, budget: int) -> ev.ExecuteReply:
+    """The reply itself if its JSON fits in `budget` bytes; else its stdout and string value
+    cut to fit (each keeps at least half the room if it needs it), or a value that is not a
+    string replaced by a note, with `truncated` set and a note in each cut text, so the model
+    reading it knows that part is missing."""
+    if _size(reply) <= budget:
+        return reply
+    note = (
+        f"\n[reply truncated to fit {budget} bytes; write large output to a file in the "
+        "workspace and read it in parts]"
+    )
+    value = reply.value
+    if value is not None and not isinstance(value, str):
+        value = f"[the cell's value, {_size(value)} bytes as JSON, was dropped]"
+    texts = {"stdout": reply.stdout, "value": value or ""}
+    bare = replace_reply(reply, {"stdout": note, "value": note}, value is None, truncated=True)
+    room = max(0, budget - _size(bare) - 64)
+    sizes = {name: _size(text) - 2 for name, text in texts.items()}
+    shares = dict.fromkeys(texts, room // 2)
+    for name, other in (("stdout", "value"), ("value", "stdout")):
+        if sizes[name] < room // 2:  # it needs less than half: the other gets the rest
+            shares = {name: sizes[name], other: room - sizes[name]}
+    for name, text in texts.items():
+        if sizes[name] > shares[name]:
+            texts[name] = _cut(text, sizes[name], shares[name]) + note
+    return replace_reply(reply, texts, value is None, truncated=True)
+
+
+def _cut(text: str, size: int, share: int) -> str:
+    """The longest start of `text` whose JSON is about `share` bytes, never more."""
+    kept = text[: len(text) * share // size]  # in proportion: escapes and UTF-8 weigh more
+    over = _size(kept) - 2 - share
+    # every character is at least one byte of JSON, so cutting `over` more always fits
+    return kept[: max(0, len(kept) - over)] if over > 0 else kept
+
+
+def replace_reply(
+    reply: ev.ExecuteReply, texts: dict[str, str], no_value: bool, *, truncated: bool
+) -> ev.ExecuteReply:
+    return msgspec.structs.replace(
+        reply,
+        stdout=texts["stdout"],
+        value=None if no_value else texts["value"],
+        truncated=truncated,
+    )
+
+
+# -- lifecycle events: the one place each is built ---------------------------------------------
+
+
+def created(
+    sandbox: str, provider: str, replica: str, workspace: str, labels: dict[str, str],
+    limits: ev.Limits, spec: Spec,
+) -> ev.SandboxCreated:  # fmt: skip
+    return ev.SandboxCreated(
+        sandbox=sandbox, provider=provider, replica=replica, workspace=workspace, labels=labels,
+        limits=limits, volume=spec.volume, volume_subpath=spec.volume_subpath,
+        repo_url=spec.repo_url, ref=spec.ref, context_paths=list(spec.context_paths),
+        local_checkout=spec.local_checkout,
+    )  # fmt: skip
+
+
+def forked(
+    sandbox: str, parent: str, provider: str, replica: str, workspace: str,
+    labels: dict[str, str], limits: ev.Limits,
+) -> ev.SandboxForked:  # fmt: skip
+    return ev.SandboxForked(
+        sandbox=sandbox, parent=parent, provider=provider, replica=replica,
+        workspace=workspace, labels=labels, limits=limits,
+    )  # fmt: skip
+
+
+def revived(sandbox: str, replica: str, why: str) -> ev.SandboxReplaced:
+    """The same sandbox running again on its own workspace (files kept, REPL memory lost)."""
+    return ev.SandboxReplaced(
+        sandbox=sandbox, replaced=sandbox, replica=replica,
+        reason=f"{why}: the sandbox runs again on the same workspace; REPL memory was lost, "
+        "files were kept",
+    )  # fmt: skip
+
+
+def replacement(sandbox: str, replaced: str, replica: str, why: str) -> ev.SandboxReplaced:
+    """A new sandbox standing in for a gone one, on the same volume and subpath."""
+    return ev.SandboxReplaced(
+        sandbox=sandbox,
+        replaced=replaced,
+        replica=replica,
+        reason=f"{why}; REPL memory is lost, files on the volume are kept",
+    )
+
+
+def reaped(sandbox: str, why: str) -> ev.SandboxDeleted:
+    return ev.SandboxDeleted(
+        sandbox=sandbox, reason=f"reaped: {why}, and a child never outlives its task"
+    )
+
+
+def deleted(sandbox: str, reason: str) -> ev.SandboxDeleted:
+    return ev.SandboxDeleted(sandbox=sandbox, reason=reason)
+
+
+STOPS_NOT_RECORDED = ("deleted", "replaced")  # their own event says so
+
+
+def stopped(sandbox: str, limit: str | None, reason: str | None) -> ev.LimitExceeded | None:
+    """What a sandbox's stop records, or None for a stop another event already explains."""
+    if limit is None or (limit == "exited" and reason in STOPS_NOT_RECORDED):
+        return None
+    return ev.LimitExceeded(sandbox=sandbox, limit=limit, detail=reason or "")  # type: ignore[arg-type]
+
+
+def context_opened(sandbox: str, context: str, interpreter: str | None) -> ev.ContextOpened:
+    return ev.ContextOpened(sandbox=sandbox, context=context, interpreter=interpreter)
+
+
+def context_closed(sandbox: str, context: str) -> ev.ContextClosed:
+    return ev.ContextClosed(sandbox=sandbox, context=context)
+
+
+def child_decided(
+    parent: str, child: str | None, policy: ChildPolicy, plan: ChildPlan, context: str | None
+) -> ev.ChildIsolationDecided:
+    return ev.ChildIsolationDecided(
+        parent=parent, child=None if plan.branch == "refused" else child, mode=policy.mode,
+        branch=plan.branch, reason=plan.reason, context=context,
+    )  # fmt: skip

@@ -1,4 +1,5 @@
-"""One error root for the broker. Each maps to a stable RPC error code the caller can act on."""
+"""One error root for the broker. Each maps to a stable RPC error code the caller can act on
+(subscribers.py does the mapping; nothing below it speaks RPC)."""
 
 
 class SandboxError(Exception):
@@ -36,4 +37,25 @@ class TooLarge(SandboxError):
 
 
 class BadSpec(SandboxError):
+    """Malformed input the edge lets through (limits out of bounds, a bad cursor): it stores
+    nothing and says which field, which value and what is allowed."""
+
     code = "bad_request"
+
+
+class Conflict(SandboxError):
+    """A request id reused with a different body: the first body's answer is not this one's."""
+
+    code = "conflict"
+
+
+class QuotaExceeded(SandboxError):
+    """A tenant already holds as many live sandboxes as it may."""
+
+    code = "quota"
+
+
+class Unavailable(SandboxError):
+    """Retry later: the broker cannot answer correctly yet (its view of the log lags)."""
+
+    code = "unavailable"

@@ -1,0 +1,105 @@
+"""The REPL verbs: open and close a context, run a cell, interrupt a running cell. A cell's
+host tool calls are relayed to the interpreter owning its context."""
+
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from fleet_events import bus
+from fleet_events import sandbox as sb
+from fleet_events.ids import InvalidId, check_id
+from fleet_mesh import rpc
+from fleet_mesh.blobs import BlobNotFound
+from fleet_sandbox_broker import domain
+from fleet_sandbox_broker.broker import Broker, Held
+from fleet_sandbox_broker.errors import BadSpec, SandboxError, SandboxNotFound, SandboxStopped
+from fleet_sandbox_broker.providers.base import ToolRelay
+
+# room for the reply's own fields and the NATS headers around a capped execution reply
+REPLY_MARGIN = 4096
+
+
+class Repl:
+    def __init__(self, broker: Broker, reply_budget: int) -> None:
+        self.b = broker
+        self.reply_budget = reply_budget
+
+    def _context(self, req: sb.Execute | sb.InterruptCell) -> Held:
+        held = self.b.get_held(req.tenant, req.sandbox)
+        if req.context not in held.interpreters:
+            raise SandboxNotFound(f"no open context {req.context!r} in sandbox {req.sandbox!r}")
+        return held
+
+    async def open_context(self, req: sb.OpenContext) -> sb.Ack:
+        held = self.b.get_held(req.tenant, req.sandbox)
+        try:
+            check_id("context", req.context)
+            if req.interpreter is not None:
+                check_id("interpreter", req.interpreter)
+        except InvalidId as exc:
+            raise BadSpec(str(exc)) from exc
+        await held.box.open_context(req.context)
+        held.interpreters[req.context] = req.interpreter
+        event = domain.context_opened(req.sandbox, req.context, req.interpreter)
+        await self.b.append(req.tenant, req.sandbox, event, held.labels)
+        return sb.Ack()
+
+    async def close_context(self, req: sb.CloseContext) -> sb.Ack:
+        held = self.b.get_held(req.tenant, req.sandbox)
+        if held.interpreters.pop(req.context, "absent") == "absent":
+            return sb.Ack(ok=False)
+        await held.box.close_context(req.context)
+        event = domain.context_closed(req.sandbox, req.context)
+        await self.b.append(req.tenant, req.sandbox, event, held.labels)
+        return sb.Ack()
+
+    async def execute(self, req: sb.Execute) -> sb.ExecuteReply:
+        held = self._context(req)
+        interpreter = held.interpreters[req.context]
+        blobs = dict(req.blobs)
+        for digest, ref in req.blob_refs.items():
+            if ref.sha256 != digest:
+                raise BadSpec(f"blob {ref.object} does not hold variable {digest}")
+            try:
+                blobs[digest] = (await self.b.blobs.get(req.tenant, ref.sha256)).decode()
+            except BlobNotFound as exc:
+                raise BadSpec(f"variable {digest} is not in the object store: {exc}") from exc
+        limit = held.box.limits.wall_s
+        wall = limit if req.wall_s is None else min(req.wall_s, limit)
+        try:
+            reply = await held.box.execute(
+                context=req.context, code=req.code, variables=req.variables, blobs=blobs,
+                tools=req.tools, output_fields=req.output_fields, wall_s=wall,
+                relay=self._relay_to(interpreter, req.callback_timeout_s),
+            )  # fmt: skip
+        except SandboxStopped as exc:
+            return sb.ExecuteReply(kind="terminal", error=exc.message)
+        return domain.fit_reply(reply, self.reply_budget - REPLY_MARGIN)
+
+    async def interrupt(self, req: sb.InterruptCell) -> sb.Interrupted:
+        """Stop the cell running in the context now; the sandbox and its REPL state survive."""
+        held = self._context(req)
+        interrupt = getattr(held.box, "interrupt", None)
+        if interrupt is None:  # a provider without the verb says so rather than pretending
+            raise SandboxError(f"the {self.b.provider.name} provider cannot interrupt a cell")
+        return sb.Interrupted(interrupted=bool(await interrupt(req.context)))
+
+    def _relay_to(self, interpreter: str | None, timeout: float) -> ToolRelay:
+        nc = self.b.ctx.nc
+
+        async def relay(call: sb.ToolCall) -> sb.ToolReply:
+            if interpreter is None:
+                return sb.ToolReply(ok=False, error="this context has no interpreter for tools")
+            try:
+                return await rpc.call_verb(
+                    nc, bus.TOOL_CALL, call, target=interpreter, timeout=timeout
+                )
+            except (TimeoutError, NatsTimeout):
+                return sb.ToolReply(
+                    ok=False, error=f"host tool {call.name!r} did not answer within {timeout:g} s"
+                )
+            except NoRespondersError:
+                return sb.ToolReply(ok=False, error="the interpreter owning this context is gone")
+            except rpc.RemoteError as exc:
+                return sb.ToolReply(ok=False, error=exc.message)
+
+        return relay

@@ -1,9 +1,12 @@
-"""The gateway as a real process: HTTP on its port, ping on the bus, clean exit on SIGTERM."""
+"""The gateway as a real process on the common service runtime: HTTP on its port, ping on the
+bus, the bus document beside the OpenAPI, a clean exit on SIGTERM."""
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
+import msgspec
 from nats.aio.client import Client
 
 from fleet_events import bus as verbs
@@ -12,6 +15,14 @@ from fleet_harness.procs import Launcher
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.natsserver import NatsServer, free_port
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [msgspec.json.decode(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def messages(text: str) -> list[str]:
+    return [str(line["msg"]) for line in json_lines(text)]
 
 
 async def test_gateway_process_serves_health_answers_ping_and_stops_on_sigterm(
@@ -29,7 +40,35 @@ async def test_gateway_process_serves_health_answers_ping_and_stops_on_sigterm(
     assert pong.pid == replica.pid
     assert pong.replica == "gateway-0"
     assert replica.stop() == 0
-    assert '"msg": "listening"' in replica.logs()
+    said = messages(replica.logs())
+    # The common runtime's life, with HTTP inside it: listening before ping is served
+    # ("started"), and on SIGTERM the runtime stops first, uvicorn's shutdown running in its
+    # stop hook. (The gateway that ran uvicorn outside, with the bus in its lifespan, logged
+    # none of the runtime's lines and shut HTTP down before closing NATS on its own.)
+    assert said.index("connecting") < said.index("listening") < said.index("started")
+    assert said.index("started") < said.index("stopping") < said.index("Shutting down")
+    assert said[-1] == "stopped"
+    assert all(line["service"] == "gateway" for line in json_lines(replica.logs()))
+
+
+async def test_gateway_serves_the_bus_document_beside_its_openapi(launcher: Launcher) -> None:
+    port = free_port()
+    launcher.start("gateway", env={"FLEET_GATEWAY_PORT": str(port)})
+
+    async def document() -> httpx.Response | None:
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"http://127.0.0.1:{port}/asyncapi.json")
+        return response if response.status_code == 200 else None
+
+    body = (await eventually(document, timeout=30, what="gateway /asyncapi.json")).json()
+    assert body["asyncapi"] == "3.0.0"
+    addresses = {channel["address"] for channel in body["channels"].values()}
+    assert verbs.CREATE_SANDBOX.pattern in addresses  # a broker verb, queue group
+    assert verbs.EXECUTE.pattern in addresses  # a broker verb, per sandbox
+    assert verbs.ping("gateway").subject() in addresses
+    async with httpx.AsyncClient() as client:
+        openapi = (await client.get(f"http://127.0.0.1:{port}/openapi.json")).json()
+    assert "/asyncapi.json" in openapi["paths"]
 
 
 async def test_gateway_stops_promptly_on_sigterm_when_nats_is_already_gone(

@@ -34,8 +34,8 @@ def gateway() -> Gateway:
     async def mounted(
         nats_url: str, probe_timeout_s: float = 0.3
     ) -> AsyncIterator[httpx.AsyncClient]:
-        settings = GatewaySettings(nats_url=nats_url, probe_timeout_s=probe_timeout_s)
-        app = create_app(settings, replica="gateway-test")
+        settings = GatewaySettings(probe_timeout_s=probe_timeout_s)
+        app = create_app(settings, replica="gateway-test", nats_url=nats_url)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:

@@ -1,32 +1,34 @@
-"""Composition root of the gateway: `create_app(settings)` is what `main()` serves and what
-tests mount. NATS is connected in the lifespan, never at import."""
+"""Composition root of the gateway: a service on the common runtime, with HTTP inside it.
+
+`main()` is `fleet_mesh.service.run` like every other service: the runtime connects, answers
+ping, owns SIGTERM/SIGINT, runs the stop hooks and drains. `setup` starts uvicorn on that
+runtime's loop (its own signal handlers off) and registers its stop as a hook, so HTTP is
+closed before NATS is drained. `create_app` is the same app mounted on its own, for tests and
+any ASGI host: its lifespan runs the same runtime (`service.running`) in the host's loop.
+"""
 
 import asyncio
+import contextlib
+import functools
 import logging
-import os
-import signal
-import time
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from types import FrameType
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from nats.aio.client import Client
-from nats.errors import Error as NatsError
 
-from fleet_events import bus
-from fleet_events.bus import Ping, Pong
+from fleet_events.asyncapi import asyncapi
 from fleet_gateway.config import GatewaySettings
 from fleet_gateway.readiness import Readiness, check
-from fleet_mesh import logs, rpc
-from fleet_mesh.connection import connect
-from fleet_mesh.service import replica_id
+from fleet_mesh import service
+from fleet_mesh.settings import load_settings
 
 SERVICE = "gateway"
-STOP_GRACE_S = 5.0
+HTTP_START_S = 10.0
+HTTP_GRACE_S = 5
 
 log = logging.getLogger("fleet.gateway")
 
@@ -35,63 +37,13 @@ log = logging.getLogger("fleet.gateway")
 class GatewayState:
     settings: GatewaySettings
     replica: str
-    started: float = field(default_factory=time.monotonic)
     nc: Client | None = None
-    served: list[rpc.Served] = field(default_factory=list)
 
 
-async def _open(state: GatewayState) -> None:
-    nc = await connect(state.settings.nats_url, name=f"{SERVICE}:{state.replica}")
-    state.nc = nc
-
-    async def pong(_: Ping) -> Pong:
-        return Pong(
-            service=SERVICE,
-            replica=state.replica,
-            pid=os.getpid(),
-            uptime_s=round(time.monotonic() - state.started, 3),
-        )
-
-    state.served.append(await rpc.serve_verb(nc, bus.ping(SERVICE), pong))
-
-
-async def _close(state: GatewayState) -> None:
-    """Every phase is bounded: when the whole mesh stops, NATS may vanish mid-drain, and an
-    unbounded drain would wait for a server that is not coming back."""
-    nc, state.nc = state.nc, None
-    served, state.served = state.served, []
-    await _bounded(asyncio.gather(*(one.stop(grace=STOP_GRACE_S) for one in served)), "pings")
-    if nc is None or nc.is_closed:
-        return
-    if nc.is_connected:
-        await _bounded(nc.drain(), "the NATS drain")  # finishes in-flight pings, then closes
-    if not nc.is_closed:
-        await nc.close()  # NATS is gone or the drain ran out of time: do not wait for it
-
-
-async def _bounded(work: Awaitable[object], what: str) -> None:
-    try:
-        await asyncio.wait_for(work, STOP_GRACE_S)
-    except TimeoutError:
-        log.warning("%s did not finish within %ss; stopping anyway", what, STOP_GRACE_S)
-    except NatsError as exc:
-        log.warning("%s failed while stopping: %s", what, exc)
-
-
-def create_app(settings: GatewaySettings | None = None, *, replica: str | None = None) -> FastAPI:
-    settings = settings or GatewaySettings()
-    state = GatewayState(settings=settings, replica=replica or replica_id(SERVICE))
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await _open(state)
-        try:
-            yield
-        finally:
-            await _close(state)
-
+def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app = FastAPI(title="fleet-rlm gateway", lifespan=lifespan)
     app.state.gateway = state
+    document = asyncapi()  # the catalog is fixed for the life of the process
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -100,32 +52,99 @@ def create_app(settings: GatewaySettings | None = None, *, replica: str | None =
 
     @app.get("/ready", response_model=Readiness)
     async def ready() -> JSONResponse:
+        settings = state.settings
         report = await check(state.nc, settings.services, settings.probe_timeout_s)
         return JSONResponse(report.model_dump(), status_code=200 if report.ready else 503)
+
+    @app.get("/asyncapi.json")
+    async def bus_document() -> JSONResponse:
+        """The bus beside the HTTP API: every verb, event subject and work queue (AsyncAPI 3),
+        generated from the same catalog both sides of every request are written against."""
+        return JSONResponse(document)
 
     return app
 
 
-def _ignore(signum: int, frame: FrameType | None) -> None:
-    """Placeholder handler: uvicorn re-raises the signal it shut down on into the handler it
-    found at start; with this one there, a requested stop ends with exit 0 like every service."""
+def create_app(
+    settings: GatewaySettings | None = None,
+    *,
+    replica: str | None = None,
+    nats_url: str | None = None,
+) -> FastAPI:
+    """The gateway app on its own: its lifespan runs the gateway's runtime in the host's loop
+    (the environment's `MeshSettings`, with `replica` and `nats_url` over them when given)."""
+    mesh = load_settings()
+    mesh = mesh.model_copy(
+        update={
+            "replica": replica or mesh.replica_for(SERVICE),
+            "nats_url": nats_url or mesh.nats_url,
+        }
+    )
+    state = GatewayState(settings=settings or GatewaySettings(), replica=mesh.replica_for(SERVICE))
+
+    async def attach(ctx: service.ServiceContext) -> None:
+        state.nc = ctx.nc
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with service.running(SERVICE, attach, settings=mesh, log=log):
+            yield
+        state.nc = None
+
+    return _build(state, lifespan)
 
 
-def main() -> None:
-    """Serve the gateway; SIGTERM/SIGINT become a graceful shutdown (lifespan exit), exit 0."""
-    settings = GatewaySettings()
-    replica = replica_id(SERVICE)
-    logs.configure(SERVICE, replica, os.environ.get("FLEET_LOG_LEVEL", "INFO"))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _ignore)
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn on the runtime's loop, without its signal capture: that swaps the process's
+    Python-level handlers for its own while it serves and re-raises the signal once it has
+    shut down, which kills the process (exit -15, not 0) whenever that comes after the runtime
+    has let go of its handlers. The runtime decides when to stop; a stop hook stops uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve_http(app: FastAPI, settings: GatewaySettings) -> Callable[[], Awaitable[None]]:
+    """Start uvicorn and return once it listens; the returned coroutine function stops it."""
     config = uvicorn.Config(
-        create_app(settings, replica=replica),
+        app,
         host=settings.host,
         port=settings.port,
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=5,
+        lifespan="off",  # the runtime is the lifespan: nothing to start per app
+        timeout_graceful_shutdown=HTTP_GRACE_S,
     )
-    log.info("listening", extra={"host": settings.host, "port": settings.port})
-    uvicorn.Server(config).run()
-    log.info("stopped")
+    server = _EmbeddedServer(config)
+    serving = asyncio.create_task(server.serve())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HTTP_START_S
+    while not server.started:
+        if serving.done():
+            await serving  # raises what stopped it, if anything did
+            raise RuntimeError(f"HTTP on {settings.host}:{settings.port} ended while starting")
+        if loop.time() > deadline:
+            serving.cancel()
+            raise RuntimeError(
+                f"HTTP on {settings.host}:{settings.port} did not start within {HTTP_START_S}s"
+            )
+        await asyncio.sleep(0.01)
+
+    async def stop() -> None:
+        server.should_exit = True
+        await serving
+
+    return stop
+
+
+async def setup(ctx: service.ServiceContext, settings: GatewaySettings) -> None:
+    state = GatewayState(settings=settings, replica=ctx.replica, nc=ctx.nc)
+    ctx.on_stop.append(await serve_http(_build(state), settings))
+    ctx.log.info("listening", extra={"host": settings.host, "port": settings.port})
+
+
+def main() -> None:
+    """Serve the gateway until SIGTERM/SIGINT (exit 0), like every service."""
+    settings = GatewaySettings()
+    service.run(SERVICE, functools.partial(setup, settings=settings))

@@ -20,7 +20,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from fleet_events import budget, quality, run, session, subjects
+from fleet_events import budget, llm, quality, run, session, subjects
 from fleet_events import sandbox as sb
 from fleet_events.envelope import Event
 from fleet_events.ids import check_id
@@ -308,3 +308,18 @@ def channel_markdown() -> str:
         stream = c.stream or "core NATS"
         rows.append(f"| `{c.pattern}` | {c.kind} | {stream} | {carries} | {_cell(c.summary)} |")
     return "\n".join(rows)
+
+
+# -- agent: LLM roles and the model probe ------------------------------------------------------
+# (after the catalog above so the section lands without touching its lines; VERBS is extended)
+
+AGENT_STATUS: Verb[llm.GetAgentStatus, llm.AgentStatus] = Verb(
+    "agent", "status", llm.GetAgentStatus, llm.AgentStatus, "service",
+    "the tenant's LLM roles: the profile and model each uses, and what is missing",
+)  # fmt: skip
+TEST_LM: Verb[llm.TestLm, llm.TestLmResult] = Verb(
+    "agent", "test_lm", llm.TestLm, llm.TestLmResult, "service",
+    "probe a role's model: preflight checks, then 'Reply with exactly OK'",
+)  # fmt: skip
+
+VERBS = (*VERBS, AGENT_STATUS, TEST_LM)

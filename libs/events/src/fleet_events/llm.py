@@ -14,6 +14,7 @@ secret and a compare-and-set of the profile onto it.
 
 import math
 import re
+from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
@@ -243,7 +244,7 @@ class TestLmResult(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = "lm"
     ok: bool
     preflight_ok: bool
-    checked_at: str
+    checked_at: datetime
     checks: list[LmCheck]
     guidance: list[str] = []
     latency_ms: float | None = None

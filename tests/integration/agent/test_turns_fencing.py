@@ -1,0 +1,83 @@
+"""The fence against a replica that froze past its ack deadline, at the exact interleaving: the
+replica folds the log, the replica that took its turn over appends `TurnStarted(attempt 2)`,
+then the frozen one appends what it decided. Its append is refused (the log moved past the head
+it folded at), it folds again, finds its attempt superseded, and records nothing."""
+
+import logging
+from pathlib import Path
+
+import msgspec
+
+from fleet_agent.runners import EchoRunner
+from fleet_agent.turn_log import TurnLog
+from fleet_agent.turns import SessionTurns
+from fleet_agent.worker import TurnWorker
+from fleet_events import Actor, Event, new_id
+from fleet_events.session import TurnRequested, TurnStarted, TurnWork
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.store import AppendConflict, Appended, Head
+from fleet_mesh.work import Delivery, Settle
+
+from .turn_kit import TERMINAL, mesh
+from .turn_kit import server as server
+
+FROZEN = Actor(service="agent", replica="frozen")
+TAKER = Actor(service="agent", replica="taker")
+
+
+class TakenOverAfterFold(TurnLog):
+    """On its `at`-th load, after folding, the other replica's takeover lands."""
+
+    def __init__(self, other: TurnLog, at: int, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self._other = other
+        self._at = at
+        self.loads = 0
+        self.refused = 0
+
+    async def load(self, tenant: str, session: str) -> tuple[SessionTurns, Head]:
+        state, head = await super().load(tenant, session)
+        self.loads += 1
+        if self.loads == self._at:
+            taken = TurnStarted(replica=TAKER.replica, attempt=2)
+            await self._other.append(tenant, session, self.turn, taken, expect=head)
+        return state, head
+
+    async def append(self, *args: object, **kwargs: object) -> Appended:
+        try:
+            return await super().append(*args, **kwargs)  # type: ignore[arg-type]
+        except AppendConflict:
+            self.refused += 1
+            raise
+
+    turn = ""
+
+
+async def test_a_frozen_replicas_append_is_refused_and_it_records_nothing(
+    server: NatsServer, tmp_path: Path
+) -> None:
+    async with mesh(server, tmp_path) as m:
+        t = f"t-{new_id()[:8]}"
+        turn = new_id()
+        seq = await m.append(t, "s", turn, TurnRequested(message="late answer"))
+        taker = TurnLog(m.store, m.codec, TAKER)
+        # loads: 1 = deciding to start, 2 = deciding to record the end (the takeover lands)
+        frozen = TakenOverAfterFold(taker, 2, m.store, m.codec, FROZEN)
+        frozen.turn = turn
+        worker = TurnWorker(
+            m.nc, frozen, m.codec, EchoRunner(),
+            replica=FROZEN.replica, max_attempts=3, logger=logging.getLogger("test"),
+        )  # fmt: skip
+        work = TurnWork(tenant=t, session="s", turn=turn, requested_seq=seq)
+        delivery = Delivery(
+            subject="fleet.work.agent.turn", data=msgspec.json.encode(work), headers={},
+            stream_seq=1, attempt=1,
+        )  # fmt: skip
+        assert await worker.handle(delivery) is Settle.LEAVE  # not ours to ack any more
+        assert frozen.refused == 1
+        facts: list[Event] = await m.of_turn(t, "s", turn)
+        assert [(f.replica, f.attempt) for f in facts if isinstance(f, TurnStarted)] == [
+            ("frozen", 1),
+            ("taker", 2),
+        ]
+        assert not [f for f in facts if isinstance(f, TERMINAL)]

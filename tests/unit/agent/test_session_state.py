@@ -45,6 +45,7 @@ from fleet_events.session import (
     TurnCancelled,
     TurnCompleted,
     TurnFailed,
+    TurnRefused,
     TurnRequested,
     log_subject,
 )
@@ -129,6 +130,36 @@ def test_interleaved_turns_pair_each_answer_with_its_own_question() -> None:
         {"question": "second", "answer": "to second"},
         {"question": "first", "answer": "to first"},
     ]
+
+
+def test_a_cancelled_turn_keeps_its_partial_answer_marked_as_cut_short() -> None:
+    state = fold(
+        stored(TurnRequested(message="long job?"), turn="t1"),
+        stored(TurnCancelled(reason="user", partial="halfway"), turn="t1"),
+    )
+    assert history(state) == [{"question": "long job?", "answer": "halfway [cancelled]"}]
+
+
+def test_a_refused_request_closes_only_its_own_turn() -> None:
+    state = fold(
+        stored(TurnRequested(message="first"), turn="t1"),
+        ask(turn_id="t1"),
+        stored(TurnRequested(message="second"), turn="t2"),
+        stored(TurnRefused(reason="busy", message="m", active_turn="t1"), turn="t2"),
+    )
+    assert [t.turn for t in state.open_turns] == ["t1"]
+    assert state.pending_input is not None
+    assert fold(stored(TurnCompleted(answer="late"), turn="t2"), state=state).image.turns == ()
+
+
+def test_the_same_turn_asked_twice_keeps_the_first_question() -> None:
+    state = fold(
+        stored(TurnRequested(message="first"), turn="t1"),
+        stored(TurnRequested(message="again"), turn="t1"),
+        stored(TurnCompleted(answer="a"), turn="t1"),
+    )
+    assert history(state) == [{"question": "first", "answer": "a"}]
+    assert state.open_turns == ()
 
 
 def test_an_answer_with_no_open_question_adds_nothing() -> None:

@@ -44,6 +44,7 @@ from fleet_events.session import (
     TurnCancelled,
     TurnCompleted,
     TurnFailed,
+    TurnRefused,
     TurnRequested,
     log_subject,
 )
@@ -138,11 +139,14 @@ class Session:
         ends: dict[str, Event] = {
             "completed": TurnCompleted(answer=answer),
             "failed": TurnFailed(error="boom"),
-            "cancelled": TurnCancelled(),
+            "cancelled": TurnCancelled(partial=answer),
+            "refused": TurnRefused(reason="busy", message="another turn runs"),
         }
         self.emit(ends[ending], turn)
         if ending == "completed":
             self.ref.turns.append((question, answer))
+        if ending == "cancelled" and answer:
+            self.ref.turns.append((question, answer + " [cancelled]"))
         if asks:
             self.ref.pending = None
 
@@ -228,7 +232,7 @@ commands = st.one_of(
         st.just("turn"),
         st.text(max_size=8),
         st.text(max_size=8),
-        st.sampled_from(["completed", "failed", "cancelled"]),
+        st.sampled_from(["completed", "failed", "cancelled", "refused"]),
         st.booleans(),
     ),
     st.tuples(st.just("append"), st.sampled_from(BLOCKS), texts),

@@ -40,10 +40,15 @@ from fleet_events.session import (
     TurnCancelled,
     TurnCompleted,
     TurnFailed,
+    TurnRefused,
     TurnRequested,
 )
 
 KNOWN: frozenset[type[Event]] = frozenset(ALL_EVENTS)
+
+CANCELLED_MARK = "[cancelled]"
+"""Ends a cancelled turn's partial answer in the history, as the earlier system kept it: the
+next turn's model sees what was said and that it was cut short."""
 
 
 class Stored(Protocol):
@@ -140,13 +145,15 @@ def evolve(state: SessionState, event: Stored) -> SessionState:
     data = env.data
     match data:
         case TurnRequested(message=message) if env.turn is not None:
-            opened = (*(t for t in state.open_turns if t.turn != env.turn), OpenTurn(
-                turn=env.turn, question=message
-            ))  # fmt: skip
+            if any(t.turn == env.turn for t in state.open_turns):
+                return state  # the same turn asked twice: the first request stands
+            opened = (*state.open_turns, OpenTurn(turn=env.turn, question=message))
             return msgspec.structs.replace(state, open_turns=opened)
         case TurnCompleted(answer=answer):
             return _end_turn(state, env.turn, answer)
-        case TurnFailed() | TurnCancelled():
+        case TurnCancelled(partial=partial) if partial:
+            return _end_turn(state, env.turn, f"{partial} {CANCELLED_MARK}")
+        case TurnFailed() | TurnCancelled() | TurnRefused():
             return _end_turn(state, env.turn, None)
         case CoreMemoryChanged(block=block, value=value) if block in CORE_MEMORY_LIMITS:
             memory = msgspec.structs.replace(state.image.core_memory, **{block: value})

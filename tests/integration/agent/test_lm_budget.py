@@ -2,6 +2,7 @@
 FAKE model server): a grant before every call, usage after it at the profile's prices, a
 refusal the model can read, and keys that go only where their profile sends them."""
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +27,8 @@ from fleet_agent.lm import (
     budgeted_lm,
 )
 from fleet_agent.sandbox_bus import SandboxBus
-from fleet_events import bus, new_id
-from fleet_events.budget import GetStatus, OpenTree, TreeStatus
+from fleet_events import bus, new_id, streams
+from fleet_events.budget import GetStatus, OpenTree, TreeStatus, tree_subject
 from fleet_events.bus import Ping
 from fleet_events.llm import LlmProfile, Prices, cost
 from fleet_events.run import LlmCalled
@@ -38,6 +39,7 @@ from fleet_mesh import rpc
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.runtime_config import LlmConfig
 from fleet_mesh.secrets import SecretsReader, ensure_keypair, load_private_key
+from fleet_mesh.store import open_store
 
 ADAPTER = dspy.ChatAdapter(use_json_adapter_fallback=False)
 PLANTED = "sk-planted-" + "5e1d2c" * 6
@@ -277,9 +279,12 @@ def test_a_tenant_profile_cannot_send_a_global_key_to_its_own_server(tenant: Ten
         assert tenant.status(tree).granted == 0  # resolved before the grant: nothing spent
 
 
-def test_a_provider_error_echoing_the_key_is_scrubbed(tenant: Tenant) -> None:
+def test_a_provider_error_echoing_the_key_is_scrubbed(
+    tenant: Tenant, caplog: pytest.LogCaptureFixture
+) -> None:
     """A provider that echoes the key it was sent in its error (some do, partly masked): the
-    error the run records and raises carries no key."""
+    error the run records and raises carries no key, nor does any log line or ledger event."""
+    caplog.set_level(logging.DEBUG)
     echo = Reply(f"Incorrect API key provided: {PLANTED}. Check it.", status=400)
     with ScriptedLM([echo]) as fake:
         tenant.secret("openai", PLANTED)
@@ -293,5 +298,15 @@ def test_a_provider_error_echoing_the_key_is_scrubbed(tenant: Tenant) -> None:
         [called] = calls
         assert called.error
         assert PLANTED not in called.error
+        assert PLANTED not in msgspec.json.encode(called).decode()
         status = tenant.status(tree)
         assert (status.granted, status.calls_recorded) == (1, 1)  # failed calls are recorded too
+    assert PLANTED not in caplog.text
+    ledger = tenant.line.run(raw_subject(tenant.line, tree_subject(tree)), timeout=10)
+    assert ledger  # the grant and the usage are there, and carry no key
+    assert all(PLANTED.encode() not in raw for raw in ledger)
+
+
+async def raw_subject(line: SandboxBus, subject: str) -> list[bytes]:
+    store = await open_store(line.nc.jetstream(), streams.BUDGET)
+    return [raw.data async for raw in store.read_raw(subject)]

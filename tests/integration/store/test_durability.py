@@ -65,7 +65,7 @@ async def test_durable_consumer_resumes_after_server_sigkill(private_nats: NatsS
         except TimeoutError:
             pass
         info = await js.consumer_info(streams.SESSIONS.name, consumer)
-        return info.num_pending == 0 and info.num_ack_pending == 0
+        return (info.num_pending, info.num_ack_pending) == (0, 0)
 
     await eventually(drained, timeout=30, what="the consumer to drain after the restart")
     # Nothing lost, in order. The consumer's ack floor is written lazily (it is not fsynced per

@@ -1,5 +1,7 @@
 """Subject builders accept only ids that are one safe subject token."""
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,7 +16,7 @@ SAFE = st.text(
     min_size=1,
     max_size=64,
 )
-BUILDERS = [
+BUILDERS: list[Callable[[str], str]] = [
     lambda x: log_subject(x, "s"),
     lambda x: log_subject("t", x),
     lambda x: run_subject("t", "s", x),

@@ -6,7 +6,7 @@ and the deadline): appends, snapshots and audits are built on reads.
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
 from nats.aio.client import Client
@@ -149,8 +149,9 @@ class Reader:
 
     async def subscribe(
         self, filter_subject: str, *, from_seq: int = 1
-    ) -> AsyncIterator[StoredEvent]:
-        """Live: everything from `from_seq`, then each new event as it lands. Never ends.
+    ) -> AsyncGenerator[StoredEvent, None]:
+        """Live: everything from `from_seq`, then each new event as it lands. Never ends: the
+        caller stops it with `aclose()`, which removes the consumer.
 
         An ordered consumer: the server pushes new events as they are stored, and the client
         library recreates the consumer from the last sequence seen if a message goes missing.

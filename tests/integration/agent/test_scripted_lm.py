@@ -92,21 +92,6 @@ def test_streaming_sends_openai_chunks_then_usage_then_done() -> None:
         assert chunks[-1]["usage"]["completion_tokens"] == 5
 
 
-def test_litellm_streaming_reassembles_the_text() -> None:
-    import litellm
-
-    with ScriptedLM(["streamed words arrive"], api_key="k") as fake:
-        stream = litellm.completion(
-            model="openai/scripted",
-            api_base=fake.base_url,
-            api_key="k",
-            messages=[{"role": "user", "content": "hi"}],
-            stream=True,
-        )
-        pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
-        assert "".join(pieces) == "streamed words arrive"
-
-
 def test_a_gate_holds_the_reply_until_released() -> None:
     script = by_marker({"HOLD": Reply("held", gate="g"), "FREE": "free"})
     with ScriptedLM(script) as fake, concurrent.futures.ThreadPoolExecutor(2) as pool:

@@ -310,3 +310,17 @@ def test_a_provider_error_echoing_the_key_is_scrubbed(
 async def raw_subject(line: SandboxBus, subject: str) -> list[bytes]:
     store = await open_store(line.nc.jetstream(), streams.BUDGET)
     return [raw.data async for raw in store.read_raw(subject)]
+
+
+async def test_the_async_path_is_granted_too(tenant: Tenant) -> None:
+    """`aforward` reaches the async engine from inside a running loop that is not the one
+    owning the connection: it must neither deadlock nor skip the grant."""
+    with ScriptedLM(["async answer"]) as fake:
+        tenant.profile(model="openai/scripted", api_base=fake.base_url)
+        tree = tenant.open_tree(max_llm_calls=1)
+        lm, calls = tenant.lm(tree)
+        assert await lm.acall("hi") == ["async answer"]
+        with pytest.raises(BudgetSpent, match=r"^budget spent: "):
+            await lm.acall("again")
+        assert sum(fake.calls.values()) == 1
+        assert len(calls) == 1

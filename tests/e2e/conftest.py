@@ -82,10 +82,11 @@ def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
     """Start `fleet up` (own data dir, free ports); on teardown stop it and sweep leftovers."""
     meshes: list[Mesh] = []
 
-    def start(env: dict[str, str] | None = None) -> Mesh:
+    def start(env: dict[str, str] | None = None, data_dir: Path | None = None) -> Mesh:
+        """`data_dir`: start on an earlier mesh's data dir (a restart of the same mesh)."""
         index = len(meshes)
         port = free_port()
-        data_dir = tmp_path / f"mesh-{index}"
+        data_dir = data_dir or tmp_path / f"mesh-{index}"
         output = tmp_path / f"mesh-{index}.out"
         full_env = {k: v for k, v in os.environ.items() if k != "NATS_URL"} | (env or {})
         full_env[MARK] = str(data_dir)  # inherited by every child: the teardown's sweep key

@@ -1,9 +1,12 @@
 """A broker SIGKILLed with live sandboxes: children reaped, the session's sandbox usable again;
 a session whose sandbox is held by no broker gets a replacement (`sandbox.replaced`)."""
 
+import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,8 @@ from dspy.primitives.code_interpreter import CodeInterpreterError
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
+from fleet_cli.children import Child
+from fleet_cli.mesh import UpOptions, service_specs
 from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
 from fleet_events import streams
@@ -32,13 +37,14 @@ class Brokers:
         self.url, self.root, self.volumes = url, root, volumes
         self.started: list[Replica] = []
 
-    def start(self, replica: str) -> Replica:
+    def start(self, replica: str, root: str = "root") -> Replica:
+        """`root`: another root stands for another host (it cannot see this one's files)."""
         process = Replica(
             service="sandbox-broker", index=len(self.started),
             argv=[sys.executable, "-m", "fleet_sandbox_broker"],
             env={
                 "PATH": "/usr/local/bin:/usr/bin:/bin", "NATS_URL": self.url,
-                "FLEET_REPLICA": replica, "FLEET_SANDBOX_ROOT": str(self.root / "root"),
+                "FLEET_REPLICA": replica, "FLEET_SANDBOX_ROOT": str(self.root / root),
                 "FLEET_SANDBOX_VOLUMES": self.volumes,
                 "FLEET_SANDBOX_UID_BASE": "340000", "FLEET_SANDBOX_POOL_SIZE": "0",
                 "PYTHONUNBUFFERED": "1",
@@ -87,6 +93,17 @@ def stream(bus: SandboxBus, sandbox: str) -> list[Any]:
     return bus.run(read(), timeout=20)
 
 
+def answering(bus: SandboxBus, sandbox: str) -> sb.SandboxInfo:
+    """`sandbox.replaced` is the claim, recorded before the revived sandbox starts: wait for
+    the sandbox itself to answer."""
+
+    def running() -> sb.SandboxInfo | None:
+        info = bus.sandbox_info(sandbox)
+        return info if info.status == "running" else None
+
+    return eventually_sync(running, timeout=30, what=f"{sandbox} to answer")
+
+
 def create_on(bus: SandboxBus, replica: str, **fields: Any) -> sb.SandboxInfo:
     """Create until the named replica answers (create is served by the whole queue group)."""
     for _ in range(40):
@@ -121,6 +138,7 @@ def test_after_a_sigkill_children_are_reaped_and_the_session_sandbox_is_usable(
                     timeout=30, what="the session sandbox revived")  # fmt: skip
     revived = stream(bus, session.sandbox)[-1]
     assert revived.replaced == revived.sandbox == session.sandbox
+    answering(bus, session.sandbox)
     again = RemoteInterpreter(bus, session.sandbox)
     assert again.execute("open('notes.txt').read()") == "kept"
     assert again.execute("'memory' in globals()") is False
@@ -138,7 +156,8 @@ def test_a_session_whose_sandbox_vanished_gets_a_replacement_on_the_same_volume(
     repl = RemoteInterpreter(bus, old.sandbox)
     repl.execute("open('volume/data.txt', 'w').write('durable')")
     first.kill()
-    brokers.start("sbx-other")  # a different replica: nobody revives the old sandbox
+    # a different replica on another host: it cannot revive the old sandbox on its files
+    brokers.start("sbx-other", root="elsewhere")
     wait_replica(bus, "sbx-other")
     request = sb.ResumeSandbox(request_id=new_id(), tenant=bus.tenant, sandbox=old.sandbox)
     new = bus.call(verbs.RESUME_SANDBOX, request, timeout=60)
@@ -230,6 +249,7 @@ def test_a_restarted_broker_reaps_sandboxes_of_finished_runs_only(
                     timeout=30, what="the finished run's sandbox reaped")  # fmt: skip
     eventually_sync(lambda: isinstance(stream(bus, live.sandbox)[-1], sb.SandboxReplaced),
                     timeout=30, what="the live run's sandbox revived")  # fmt: skip
+    answering(bus, live.sandbox)
     repl = RemoteInterpreter(bus, live.sandbox)
     assert repl.execute("6 * 7") == 42
     repl.shutdown()
@@ -263,3 +283,73 @@ def test_a_starting_broker_kills_what_a_dead_broker_left_running(
     wait_replica(bus, "sbx-orphans-neighbour")
     eventually_sync(lambda: not Path(f"/proc/{stray}").exists(), timeout=30,
                     what="the stray killed by the starting broker")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_dead_replicas_sandboxes_are_taken_over_by_the_next_broker_on_its_disk(
+    brokers: Brokers, bus: SandboxBus
+) -> None:
+    """A replica that never comes back under its name (renamed, scaled away): the next broker
+    starting on the same disk reaps its children and revives its session sandbox in place, so
+    no workspace is left on disk under a uid the pool could hand to another tenant."""
+    first = brokers.start("sbx-vanished")
+    wait_replica(bus, "sbx-vanished")
+    session = create_on(bus, "sbx-vanished", labels={"session": "s3", "role": "session"})
+    bus.put_file(session.sandbox, "notes.txt", b"kept in place")
+    child = bus.fork_sandbox(session.sandbox)
+    first.kill()
+    brokers.start("sbx-successor")
+    eventually_sync(lambda: isinstance(stream(bus, child.sandbox)[-1], sb.SandboxDeleted),
+                    timeout=30, what="the child reaped")  # fmt: skip
+    assert "sbx-vanished is gone" in stream(bus, child.sandbox)[-1].reason
+    assert not Path(child.workspace).exists()
+    eventually_sync(lambda: isinstance(stream(bus, session.sandbox)[-1], sb.SandboxReplaced),
+                    timeout=30, what="the session sandbox taken over")  # fmt: skip
+    revived = stream(bus, session.sandbox)[-1]
+    assert (revived.replaced, revived.replica) == (session.sandbox, "sbx-successor")
+    info = answering(bus, session.sandbox)
+    assert (info.replica, info.workspace) == ("sbx-successor", session.workspace)
+    assert bus.read_file(session.sandbox, "notes.txt") == b"kept in place"
+    listed = bus.call(
+        verbs.LIST_SANDBOXES, sb.ListSandboxes(request_id=new_id(), tenant=bus.tenant), timeout=10
+    )
+    assert [(i.sandbox, i.replica) for i in listed.items] == [(session.sandbox, "sbx-successor")]
+    bus.delete_sandbox(session.sandbox)
+
+
+@pytest.mark.slow
+def test_a_broker_started_as_fleet_up_starts_it_revives_its_sandboxes_after_a_sigkill(
+    nats_server: NatsServer, tmp_path: Path, broker: Replica, bus: SandboxBus
+) -> None:
+    """The launcher's own path (`service_specs`, `Child`): the name comes from the data dir."""
+    options = UpOptions(tmp_path / "data")
+
+    def launch() -> Child:
+        (spec,) = [s for s in service_specs(options, nats_server.url) if s.name == "sandbox-broker"]
+        env = {**spec.env, "FLEET_SANDBOX_UID_BASE": "341000", "FLEET_SANDBOX_POOL_SIZE": "0"}
+        child = Child(replace(spec, env=env))
+        child.start()
+        return child
+
+    first = launch()
+    try:
+        replica = first.spec.env["FLEET_REPLICA"]
+        wait_replica(bus, replica)
+        session = create_on(bus, replica, labels={"session": "s4", "role": "session"})
+        bus.put_file(session.sandbox, "notes.txt", b"survives")
+        assert first.process is not None
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait(10)
+    finally:
+        first.finish(0)
+    second = launch()
+    try:
+        assert second.spec.env["FLEET_REPLICA"] == replica
+        eventually_sync(lambda: isinstance(stream(bus, session.sandbox)[-1], sb.SandboxReplaced),
+                        timeout=30, what="the session sandbox revived")  # fmt: skip
+        answering(bus, session.sandbox)
+        assert bus.read_file(session.sandbox, "notes.txt") == b"survives"
+        bus.delete_sandbox(session.sandbox)
+    finally:
+        second.terminate()
+        second.finish(10)

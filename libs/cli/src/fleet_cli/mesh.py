@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet_cli.children import ChildSpec, ChildView
+from fleet_cli.identity import BadReplicas, replica_name
 from fleet_cli.supervisor import Supervisor
 from fleet_events.subjects import SERVICES
 from fleet_mesh.bootstrap import bootstrap
@@ -78,6 +79,11 @@ def preflight(options: UpOptions) -> None:
                 f"a mesh from {options.data_dir} is already running (fleet up, pid {pid}); "
                 "stop it, or pass another --data-dir"
             )
+    try:  # an unreadable replicas.json is found before anything starts
+        for service in NAMED_REPLICAS:
+            replica_name(options.data_dir, service)
+    except BadReplicas as exc:
+        raise CannotStart(str(exc)) from exc
     ports = [("gateway", "--port", options.gateway_port)]
     if options.join_url is None:
         ports.append(("NATS", "--nats-port", options.nats_port))
@@ -109,11 +115,22 @@ def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
         ChildSpec(
             name=service,
             argv=(sys.executable, "-m", module_of(service)),
-            env=env,
+            env=_named(options.data_dir, service, env),
             log_path=options.logs / f"{service}.log",
         )
         for service in SERVICES
     ]
+
+
+# Services whose replica name is part of what the log says they hold: each keeps its name
+# across restarts of the mesh (fleet_cli.identity). The others get a fresh one each start.
+NAMED_REPLICAS = frozenset({"sandbox-broker"})
+
+
+def _named(data_dir: Path, service: str, env: dict[str, str]) -> dict[str, str]:
+    if service not in NAMED_REPLICAS:
+        return env
+    return {**env, "FLEET_REPLICA": replica_name(data_dir, service)}
 
 
 async def run_bootstrap(nats_url: str) -> None:

@@ -92,6 +92,7 @@ def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
         full_env[MARK] = str(data_dir)  # inherited by every child: the teardown's sweep key
         argv = [sys.executable, "-m", "fleet_cli", "up", "--data-dir", str(data_dir)]
         argv += ["--port", str(port), "--nats-port", "0", "--grace", "5"]
+        argv += ["--llm", "none"]  # the local model has its own tests (tests/integration/llm)
         with open(output, "wb") as out:
             process = subprocess.Popen(
                 argv, env=full_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

@@ -14,18 +14,18 @@ from rich.logging import RichHandler
 
 from fleet_cli import display
 from fleet_cli.children import ChildView
+from fleet_cli.localllm.errors import LocalLlmError
+from fleet_cli.localllm.paths import Cache, default_cache
+from fleet_cli.localllm.up import AUTO, LlmOptions, LlmUnavailable, check_mode, hook
 from fleet_cli.mesh import CannotStart, UpOptions, preflight, up
 from fleet_cli.status import ask, gateway_url, wait_ready
 from fleet_mesh.logs import JsonFormatter
 from fleet_mesh.natsserver import free_port
 
+log = logging.getLogger("fleet.up")
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 # Logs and CI are not terminals: give tables room there instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 120)
-
-LLM_LATER = {
-    "local": "a local LLM served on loopback arrives with the local-LLM issue (after issue 2)",
-}
 
 DataDir = Annotated[
     Path, typer.Option("--data-dir", help="private NATS store, logs and state of this mesh")
@@ -44,27 +44,28 @@ def _logging(log_file: Path) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def _check_llm(llm: str) -> None:
-    if llm == "none":
-        return
-    reason = LLM_LATER.get(llm, f"LLM profiles (here {llm!r}) arrive with the LLM-profiles issue")
-    console.print(f"[red]--llm {llm} is not available yet:[/] {reason}. Use --llm none for now.")
-    raise typer.Exit(2)
-
-
 @app.command("up")
 def up_command(
     data_dir: DataDir = Path(".fleet"),
     port: Annotated[int, typer.Option(help="gateway HTTP port on 127.0.0.1")] = 8080,
     nats_port: Annotated[int, typer.Option(help="embedded NATS port; 0 picks a free one")] = 4222,
     llm: Annotated[
-        str, typer.Option(help="none | local | <profile>; only none works yet")
-    ] = "none",
+        str,
+        typer.Option(
+            help="local | none | <profile>; default: local unless FLEET_LLM_* or a stored "
+            "profile names a model (docs/local-llm.md)"
+        ),
+    ] = AUTO,
+    llm_port: Annotated[int, typer.Option(help="local LLM server port; 0 picks a free one")] = 8181,
     ready_timeout: Annotated[float, typer.Option(help="seconds to wait for /ready")] = 60.0,
     grace: Annotated[float, typer.Option(help="seconds between SIGTERM and SIGKILL")] = 10.0,
 ) -> None:
     """Start NATS (or join $NATS_URL), bootstrap it, run every service; Ctrl-C stops all."""
-    _check_llm(llm)
+    try:
+        llm = check_mode(llm)
+    except LlmUnavailable as exc:
+        console.print(f"[red]fleet up cannot start:[/] {exc}")
+        raise typer.Exit(2) from None
     data_dir = data_dir.resolve()
     options = UpOptions(
         data_dir=data_dir,
@@ -78,15 +79,21 @@ def up_command(
     except CannotStart as exc:
         console.print(f"[red]fleet up cannot start:[/] {exc}")
         raise typer.Exit(2) from None
+    llm_options = LlmOptions(
+        mode=llm, data_dir=data_dir, port=llm_port or free_port(), cache=Cache(default_cache())
+    )
     _logging(data_dir / "logs" / "fleet-up.log")
     try:
-        asyncio.run(_up(options, ready_timeout))
+        asyncio.run(_up(options, llm_options, ready_timeout))
     except CannotStart as exc:  # found only once starting (NATS would not come up)
         console.print(f"[red]fleet up could not start:[/] {exc}")
         raise typer.Exit(1) from None
+    except LocalLlmError as exc:  # the local model could not be installed or started
+        console.print(f"[red]fleet up stopped:[/] {exc}")
+        raise typer.Exit(2) from None
 
 
-async def _up(options: UpOptions, ready_timeout: float) -> None:
+async def _up(options: UpOptions, llm: LlmOptions, ready_timeout: float) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -97,7 +104,13 @@ async def _up(options: UpOptions, ready_timeout: float) -> None:
 
     started = asyncio.Event()
     mesh = asyncio.create_task(
-        up(options, stop, on_change=show, on_started=lambda _: started.set())
+        up(
+            options,
+            stop,
+            on_change=show,
+            on_started=lambda _: started.set(),
+            before_services=hook(llm, lambda line: log.info("%s", line), stop),
+        )
     )
     announcer = asyncio.create_task(_announce(options, started, stop, ready_timeout))
     try:

@@ -1,0 +1,156 @@
+"""`fleet up --llm ...`: decide which model the mesh uses, and for the local one install it
+(once), start its server as a supervised child, and point the default profile at it.
+
+It runs as `fleet up`'s before-services hook: after the bootstrap (so stored profiles can be
+consulted and the key sealed), before the services (so the agent's first turn finds a profile).
+"""
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from fleet_cli.localllm import profile, server
+from fleet_cli.localllm.errors import LocalLlmError
+from fleet_cli.localllm.install import ensure_installed
+from fleet_cli.localllm.paths import Cache
+from fleet_cli.mesh import BeforeServices
+from fleet_cli.supervisor import Supervisor
+from fleet_events.llm import check_profile_name
+from fleet_mesh.connection import connect
+from fleet_mesh.runtime_config import LlmConfig
+from fleet_mesh.secrets import (
+    PRIVATE_KEY_ENV,
+    PUBLIC_KEY_ENV,
+    ensure_keypair,
+    public_key_from_env,
+)
+
+log = logging.getLogger("fleet.llm")
+
+AUTO, LOCAL, NONE = "auto", "local", "none"
+LOAD_TIMEOUT_S = 120.0
+
+
+class LlmUnavailable(LocalLlmError):
+    """`--llm` asked for something that cannot be had; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LlmOptions:
+    mode: str  # auto | local | none | <profile name>
+    data_dir: Path
+    port: int
+    cache: Cache
+
+
+def check_mode(mode: str) -> str:
+    """Refuse a malformed `--llm` before anything starts."""
+    if mode in (AUTO, LOCAL, NONE):
+        return mode
+    try:
+        return check_profile_name(mode)
+    except ValueError as exc:
+        raise LlmUnavailable(
+            f"--llm {mode!r} is neither local, none nor a profile name ({exc})"
+        ) from None
+
+
+def secrets_env(data_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The services' key pair: the operator's (FLEET_SECRETS_*), else one in the data dir."""
+    if env.get(PRIVATE_KEY_ENV) or env.get(PUBLIC_KEY_ENV):
+        return {}
+    files = ensure_keypair(data_dir / "secrets")
+    return {PRIVATE_KEY_ENV: str(files.private), PUBLIC_KEY_ENV: str(files.public)}
+
+
+def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -> BeforeServices:
+    async def before_services(nats_url: str, supervisor: Supervisor) -> dict[str, str]:
+        if options.mode == NONE:
+            say("LLM: none (--llm none): no model server started")
+            return {}
+        extra = secrets_env(options.data_dir, os.environ)
+        nc = await connect(nats_url, name="fleet-up-llm")
+        try:
+            js = nc.jetstream()
+            llm = await LlmConfig.open(js)
+            if options.mode not in (AUTO, LOCAL):
+                if await llm.get_profile(options.mode) is None:
+                    raise LlmUnavailable(
+                        f"--llm {options.mode}: no global LLM profile {options.mode!r} is stored; "
+                        "create it through the config API, or use --llm local"
+                    )
+                say(f"LLM: the stored profile {options.mode!r}; no local model started")
+                return extra
+            if options.mode == AUTO:
+                elsewhere = profile.env_configured(os.environ) or await profile.stored_elsewhere(
+                    llm
+                )
+                if elsewhere:
+                    say(f"LLM: {elsewhere}; the local model is not started (--llm local forces it)")
+                    return extra
+            config = await start_local(options, supervisor, say, stop)
+            key = server.ensure_key(options.data_dir / "llm")
+            public = public_key_from_env({**os.environ, **extra})
+            assert public is not None  # secrets_env made one, or the operator named one
+            for change in await profile.point_default_at(js, config.api_base, key, public):
+                log.info("seeded %s", change)
+        finally:
+            await nc.close()
+        return extra
+
+    return before_services
+
+
+async def start_local(
+    options: LlmOptions, supervisor: Supervisor, say: Callable[[str], None], stop: asyncio.Event
+) -> server.ServerConfig:
+    say("LLM: local (Qwen2.5-Coder-0.5B-Instruct on loopback); checking the install")
+    cancel = threading.Event()  # the install runs in a thread: a stop must reach its build
+    relay = asyncio.create_task(_relay(stop, cancel))
+    try:
+        installed = await asyncio.to_thread(ensure_installed, options.cache, say, cancel=cancel)
+    finally:
+        relay.cancel()
+    key = server.ensure_key(options.data_dir / "llm")
+    config = server.ServerConfig(model=installed.model, port=options.port, python=installed.python)
+    (child,) = supervisor.launch(
+        server.child_spec(config, key, options.data_dir / "logs" / "llm.log")
+    )
+    await wait_answering(config, key, child.alive, LOAD_TIMEOUT_S)
+    say(f"LLM: local model server answering on {config.api_base}")
+    return config
+
+
+async def _relay(stop: asyncio.Event, cancel: threading.Event) -> None:
+    await stop.wait()
+    cancel.set()
+
+
+async def wait_answering(
+    config: server.ServerConfig, key: str, alive: Callable[[], bool], timeout: float
+) -> None:
+    """Bounded: the server answers with the key, or it died, or the time is up."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with httpx.AsyncClient(timeout=1.0) as client:
+        while True:
+            try:
+                reply = await client.get(
+                    f"{config.api_base}/models", headers={"Authorization": f"Bearer {key}"}
+                )
+                if reply.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if not alive():
+                raise LlmUnavailable("the local LLM server exited while loading; see logs/llm.log")
+            if asyncio.get_running_loop().time() > deadline:
+                raise LlmUnavailable(
+                    f"the local LLM server did not answer within {timeout:.0f}s; see logs/llm.log"
+                )
+            await asyncio.sleep(0.2)

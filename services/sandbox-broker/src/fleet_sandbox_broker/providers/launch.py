@@ -1,0 +1,157 @@
+"""How a local sandbox process is started: its namespaces, its filesystem view, its
+environment, its first frame.
+
+    unshare --net --mount -- /bin/sh setup.sh <root> <show> <etc> <hide> [volume binds] -- \
+        setpriv --reuid=U --regid=U --clear-groups --no-new-privs --bounding-set=-all \
+        --inh-caps=-all /usr/bin/python3 -I <root>/<id>/runner.py
+
+- its own network namespace: no interface but a down loopback, so NATS, the LLM server and
+  the outside are unreachable;
+- its own mount namespace (setup.sh) whose root is built by allow-list (SHOW, ETC), with the
+  workspace and volumes nosuid,nodev;
+- a uid of its own (one per fork family, from a pool), no groups, no capabilities, no way to
+  regain privileges;
+- an environment built from nothing (PATH, HOME, TMPDIR, LANG, MALLOC_ARENA_MAX);
+- rlimits set by the runner from the first frame, before any user code.
+"""
+
+import socket
+import subprocess
+from pathlib import Path
+
+from fleet_events.sandbox import Limits
+from fleet_sandbox_broker.providers import frames
+
+# The sandbox's root filesystem, built by allow-list in its own mount namespace: a tmpfs over
+# /tmp (private to the namespace) becomes `/`, holding only SHOW (directories bound, links
+# copied), the ETC files under /etc, /proc, a minimal /dev, an empty /tmp and the sandbox
+# root at its own path (so roots under /tmp, as in tests, still resolve), mounted nosuid and
+# nodev; then pivot_root into it and return to the workspace (the cwd it was started in).
+# Args: $1 root, $2 SHOW, $3 ETC, $4 HIDE, volume binds
+# (source target) up to "--", then the command.
+SETUP_SH = """set -e
+R="$1"; SHOW="$2"; ETC="$3"; HIDE="$4"; shift 4
+W="$(pwd)"
+while [ "$1" != "--" ]; do
+  mount --no-canonicalize --bind "$1" "$2"
+  mount --no-canonicalize -o remount,bind,nosuid,nodev "$2"
+  shift 2
+done
+shift
+exec 8<"$R"
+N=/tmp
+mount -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs "$N"
+copy() {
+  if [ -L "$1" ]; then ln -s "$(readlink "$1")" "$N$1"
+  elif [ -d "$1" ]; then mkdir -p "$N$1"; mount --rbind "$1" "$N$1"
+  elif [ -e "$1" ]; then : > "$N$1"; mount --bind "$1" "$N$1"
+  fi
+}
+for d in $SHOW; do copy "$d"; done
+mkdir -p "$N/etc" "$N/proc" "$N/dev" "$N/tmp"
+for f in $ETC; do copy "/etc/$f"; done
+mount --rbind /proc "$N/proc"
+mount -t tmpfs -o size=16k,mode=755,nosuid,noexec tmpfs "$N/dev"
+for f in null zero full random urandom; do copy "/dev/$f"; done
+ln -s /proc/self/fd "$N/dev/fd"
+ln -s /proc/self/fd/0 "$N/dev/stdin"
+ln -s /proc/self/fd/1 "$N/dev/stdout"
+ln -s /proc/self/fd/2 "$N/dev/stderr"
+mount -o remount,ro,bind "$N/dev"
+mkdir -p "$N$R"
+mount --no-canonicalize --rbind /proc/self/fd/8 "$N$R"
+exec 8<&-
+mount --no-canonicalize -o remount,bind,nosuid,nodev "$N$R"
+for h in $HIDE; do
+  case "$R/" in "$h"/*) continue ;; esac
+  if [ -d "$N$h" ] && [ ! -L "$N$h" ]; then mount -t tmpfs -o ro,size=4k tmpfs "$N$h"; fi
+done
+cd "$N"
+PATH="/usr/sbin:/sbin:$PATH" pivot_root . .
+umount -l .
+mount -o remount,ro,bind /
+cd "$W"
+unset OLDPWD
+exec "$@"
+"""
+
+# What a sandbox sees of the host: Python and the tools it runs need these, nothing else.
+SHOW = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC = (
+    "passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+    "localtime", "timezone", "mime.types", "protocols", "services", "hosts", "host.conf",
+    "os-release", "alternatives", "python3", "python3.11", "python3.12", "python3.13",
+)  # fmt: skip
+
+HIDE: tuple[str, ...] = ()  # the allow-list shows none of /home, /root, /work, /run, /var ...
+MIB = 1024 * 1024
+
+
+def sandbox_env(directory: Path) -> dict[str, str]:
+    """The whole environment of a sandbox: nothing of the broker's."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(directory / "workspace"),
+        "TMPDIR": str(directory / "tmp"),
+        "LANG": "C.UTF-8",
+        "MALLOC_ARENA_MAX": "2",
+    }
+
+
+def argv(
+    setup: Path,
+    root: Path,
+    show: tuple[str, ...],
+    hide: tuple[str, ...],
+    binds: dict[str, Path],
+    directory: Path,
+    uid: int,
+    python: str,
+) -> list[str]:
+    """`binds`: host directories (volumes) at workspace-relative paths."""
+    pairs: list[str] = []
+    for target, source in binds.items():
+        pairs += [str(source), str(directory / "workspace" / target)]
+    return [
+        "unshare", "--net", "--mount", "--", "/bin/sh", str(setup),
+        str(root), " ".join(show), " ".join(ETC), " ".join(hide), *pairs, "--",
+        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+        "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
+        python, "-I", str(directory / "runner.py"),
+    ]  # fmt: skip
+
+
+def spawn(
+    command: list[str], channel: socket.socket, directory: Path, log: Path
+) -> "subprocess.Popen[bytes]":
+    """The channel is the process's fd 0; its stderr (the runner's own failures) goes to a
+    log only the broker reads; it starts in the workspace, in a session of its own."""
+    with open(log, "ab") as err:
+        return subprocess.Popen(
+            command,
+            stdin=channel.fileno(),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=directory / "workspace",
+            env=sandbox_env(directory),
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def init_frame(limits: Limits, *, fork_ready: bool, output_cap: int, max_frame: int) -> frames.Init:
+    return frames.Init(
+        limits={
+            "RLIMIT_AS": limits.memory_mb * MIB,
+            "RLIMIT_CPU": limits.cpu_s_total,
+            "RLIMIT_NPROC": limits.nproc,
+            "RLIMIT_FSIZE": limits.file_mb * MIB,
+            "RLIMIT_NOFILE": limits.open_files,
+            "RLIMIT_CORE": 0,
+        },
+        cell_cpu_s=limits.cpu_s_per_cell,
+        checkpoints=fork_ready,
+        output_cap=output_cap,
+        max_frame=max_frame,
+        max_in=256 * MIB,
+    )

@@ -1,0 +1,518 @@
+"""One local sandbox as the broker holds it: its process, its channel, its cells.
+
+Everything the runner sends is untrusted (frames.py); what a frame may ask of the host is
+bounded here: a tool call must name an execution in flight on this socket, at most
+`max_tool_calls` run at once, and a cell's calls end with it. Wall time is kept by a
+`Stopwatch` paused while host calls are pending; a limit hit stops the whole sandbox.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fleet_events.envelope import new_id
+from fleet_events.sandbox import ExecuteReply, Limits, ToolCall, ToolReply
+from fleet_sandbox_broker.domain import Stopwatch
+from fleet_sandbox_broker.errors import ForkFailed, ProtocolViolation, SandboxStopped, TooLarge
+from fleet_sandbox_broker.providers import frames
+from fleet_sandbox_broker.providers.base import ToolRelay
+from fleet_sandbox_broker.providers.files import read_in, write_in
+from fleet_sandbox_broker.providers.launch import sandbox_env
+from fleet_sandbox_broker.providers.workspace import (
+    copy_sandbox_dir,
+    count_entries,
+    prepare_child_dirs,
+    remove_dir,
+)
+
+if TYPE_CHECKING:
+    from fleet_sandbox_broker.providers.local import LocalProvider
+
+log = logging.getLogger("fleet.sandbox.local")
+
+INTERRUPT_TIMEOUT_S = 5.0
+
+
+@dataclass
+class _Exec:
+    future: "asyncio.Future[frames.ExecOutcome]"
+    watch: Stopwatch
+    relay: ToolRelay
+    context: str
+    timer: asyncio.TimerHandle | None = None
+    calls: set["asyncio.Task[None]"] = field(default_factory=set)
+
+
+class LocalSandbox:
+    def __init__(
+        self,
+        provider: "LocalProvider",
+        sandbox_id: str,
+        uid: int,
+        limits: Limits,
+        channel: frames.Channel,
+        process: "subprocess.Popen[bytes] | None",
+    ) -> None:
+        self.id = sandbox_id
+        self.uid = uid
+        self.limits = limits
+        self.directory = provider.settings.root / sandbox_id
+        self.workspace = self.directory / "workspace"
+        self.pid: int | None = None
+        self._provider = provider
+        self._channel = channel
+        self._process = process
+        self._execs: dict[str, _Exec] = {}
+        self._waiters: dict[str, asyncio.Future[Any]] = {}
+        self._reason: str | None = None
+        self._limit: str | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tool_tasks: set[asyncio.Task[None]] = set()
+        self._inode_task: asyncio.Task[None] | None = None
+        self._inode_again = False
+        self._inode_last = 0.0
+        self.contexts: set[str] = set()
+        self.on_stop: list[Callable[[Any], Awaitable[None]]] = []
+        self._stopped = asyncio.Event()
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def tool_tasks(self) -> set[asyncio.Task[None]]:
+        """Host tool calls in flight (each a relay task); empty between cells."""
+        return set(self._tool_tasks)
+
+    @property
+    def running(self) -> bool:
+        return self._reason is None
+
+    @property
+    def stopped_reason(self) -> str | None:
+        return self._reason
+
+    @property
+    def stopped_limit(self) -> str | None:
+        return self._limit
+
+    def _check_running(self) -> None:
+        if self._reason is not None:
+            raise SandboxStopped(f"sandbox {self.id} is stopped: {self._reason}")
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def start_reading(self) -> None:
+        self._reader = asyncio.create_task(self._read(), name=f"sandbox-{self.id}")
+
+    async def wait_ready(self, timeout: float) -> int:
+        try:
+            pid = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except TimeoutError:
+            await self.stop(f"did not start within {timeout:g} s", "exited")
+            raise SandboxStopped(f"sandbox {self.id} did not start within {timeout:g} s") from None
+        self.pid = pid
+        return pid
+
+    async def _read(self) -> None:
+        reason, limit = "the sandbox process exited", "exited"
+        try:
+            async for frame in self._channel.frames():
+                stop = await self._dispatch(frame)
+                if stop is not None:
+                    reason, limit = stop
+                    break
+        except TooLarge as exc:
+            reason, limit = f"{exc.message}; the sandbox was stopped", "frame_size"
+        except ProtocolViolation as exc:
+            reason, limit = f"{exc.message}; the sandbox was stopped", "protocol"
+        except Exception as exc:  # never let a sandbox take the broker down
+            log.exception("sandbox reader failed", extra={"sandbox": self.id})
+            reason, limit = f"broker error reading the sandbox: {exc!r}", "protocol"
+        if self._reason is None:
+            if limit == "exited" and self._process is not None:
+                code = await asyncio.to_thread(self._wait_exit)
+                if code is not None and code < 0:
+                    reason = f"the sandbox process was killed by signal {-code}"
+            await self.stop(reason, limit)
+
+    def _wait_exit(self) -> int | None:
+        assert self._process is not None
+        try:
+            return self._process.wait(2)
+        except subprocess.TimeoutExpired:
+            return None
+
+    async def _dispatch(self, frame: Any) -> tuple[str, str] | None:
+        match frame:
+            case frames.Ready(pid=pid):
+                if not self._ready.done():
+                    self._ready.set_result(pid)
+            case frames.ToolRequest():
+                await self._start_tool_call(frame)
+            case frames.Fatal():
+                kind = {"cpu": "cpu_time", "memory": "memory"}.get(frame.kind, "exited")
+                label = {"cpu_time": "CPU time", "memory": "memory"}.get(kind, frame.kind)
+                limit_text = self._limit_text(kind)
+                return (
+                    f"{label} limit{limit_text} reached ({frame.error}); the sandbox was "
+                    "stopped and its REPL state is lost",
+                    kind,
+                )
+            case (
+                frames.Ok(req=req)
+                | frames.Forked(fork=req)
+                | frames.ForkRefused(fork=req)
+                | frames.Interrupted(req=req)
+            ):
+                waiter = self._waiters.pop(req, None)
+                if waiter is None:
+                    raise ProtocolViolation(f"answer to unknown request {req!r}")
+                if not waiter.done():
+                    waiter.set_result(frame)
+            case _:
+                pending = self._execs.pop(frame.exec, None)
+                if pending is None:
+                    raise ProtocolViolation(f"answer for unknown execution {frame.exec!r}")
+                if not pending.future.done():
+                    pending.future.set_result(frame)
+        return None
+
+    def _limit_text(self, kind: str) -> str:
+        if kind == "cpu_time":
+            return f" of {self.limits.cpu_s_per_cell} s per cell"
+        if kind == "memory":
+            return f" of {self.limits.memory_mb} MiB"
+        return ""
+
+    async def _start_tool_call(self, frame: frames.ToolRequest) -> None:
+        """A relay task per call, at most `max_tool_calls` at once: sandbox code can write
+        `tool` frames itself, so one beyond the bound is refused to the sandbox at once."""
+        pending = self._execs.get(frame.exec)
+        if pending is None:
+            raise ProtocolViolation(f"tool call for unknown execution {frame.exec!r}")
+        cap = self._provider.settings.max_tool_calls
+        if len(self._tool_tasks) >= cap:
+            error = (
+                f"host tool {frame.name!r} refused: {len(self._tool_tasks)} host tool calls of "
+                f"this sandbox are already in flight (at most {cap} at once)"
+            )
+            with contextlib.suppress(OSError):
+                await self._channel.send(frames.ToolResult(id=frame.id, ok=False, error=error))
+            return
+        task = asyncio.create_task(self._relay(frame))
+        pending.calls.add(task)
+        self._tool_tasks.add(task)
+        task.add_done_callback(self._tool_tasks.discard)
+
+    async def _relay(self, frame: frames.ToolRequest) -> None:
+        pending = self._execs.get(frame.exec)
+        if pending is None:
+            return
+        pending.watch.pause()
+        self._arm(pending)
+        try:
+            reply = await pending.relay(
+                ToolCall(
+                    request_id=new_id(),
+                    sandbox=self.id,
+                    context=pending.context,
+                    name=frame.name,
+                    args=frame.args,
+                    kwargs=frame.kwargs,
+                )
+            )
+        except Exception as exc:
+            reply = ToolReply(ok=False, error=f"host tool {frame.name!r} failed: {exc}")
+        finally:
+            pending.watch.resume()
+            self._arm(pending)
+        with contextlib.suppress(OSError):
+            await self._channel.send(
+                frames.ToolResult(id=frame.id, ok=reply.ok, value=reply.value, error=reply.error)
+            )
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def _request(self, message: frames.Request, key: str, timeout: float) -> Any:
+        self._check_running()
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[key] = waiter
+        await self._channel.send(message)
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._waiters.pop(key, None)
+
+    async def open_context(self, context: str) -> None:
+        req = new_id()
+        await self._request(frames.Open(ctx=context, req=req), req, 10)
+        self.contexts.add(context)
+
+    async def close_context(self, context: str) -> None:
+        if not self.running:
+            self.contexts.discard(context)
+            return
+        req = new_id()
+        await self._request(frames.Close(ctx=context, req=req), req, 10)
+        self.contexts.discard(context)
+
+    async def execute(
+        self,
+        *,
+        context: str,
+        code: str,
+        variables: dict[str, str],
+        blobs: dict[str, str],
+        tools: list[str],
+        output_fields: list[dict[str, Any]] | None,
+        wall_s: float,
+        relay: ToolRelay,
+    ) -> ExecuteReply:
+        self._check_running()
+        exec_id = new_id()
+        loop = asyncio.get_running_loop()
+        pending = _Exec(loop.create_future(), Stopwatch(wall_s), relay, context)
+        self._execs[exec_id] = pending
+        self._watch_inodes()
+        await self._channel.send(
+            frames.Exec(
+                exec=exec_id, ctx=context, code=code, vars=variables, blobs=blobs, tools=tools,
+                output_fields=output_fields,
+            )
+        )  # fmt: skip
+        self._arm(pending)
+        try:
+            frame = await pending.future
+        except SandboxStopped:
+            return ExecuteReply(kind="terminal", error=self._reason or "sandbox stopped")
+        finally:
+            if pending.timer is not None:
+                pending.timer.cancel()
+            self._execs.pop(exec_id, None)
+            for call in pending.calls:  # a cell's host calls end with it
+                call.cancel()
+            self._watch_inodes()
+        return _reply(frame)
+
+    # -- inodes ------------------------------------------------------------------------------
+
+    def _watch_inodes(self) -> None:
+        """Count while cells run and once after each; one count at a time, rate-limited."""
+        if not self.running:
+            return
+        if self._inode_task is not None and not self._inode_task.done():
+            self._inode_again = True
+            return
+        self._inode_task = asyncio.create_task(self._inode_loop(), name=f"inodes-{self.id}")
+
+    async def _inode_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self._provider.settings.inode_check_s
+        while self.running:
+            self._inode_again = False
+            wait = self._inode_last + interval - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)  # the rate limit between two counts
+            self._inode_last = loop.time()
+            await self.check_inodes()
+            if not (self._execs or self._inode_again):
+                return
+
+    async def check_inodes(self) -> int:
+        """Files and directories in the workspace and tmp (counting stops past the cap);
+        past the cap the sandbox is stopped with limit `inodes`."""
+        cap = self._provider.settings.max_inodes
+        found = await asyncio.to_thread(
+            count_entries, [self.workspace, self.directory / "tmp"], cap
+        )
+        if found > cap and self.running:
+            await self.stop(
+                f"inode limit of {cap} files and directories in the workspace and tmp reached; "
+                "the sandbox was stopped and its REPL state is lost",
+                "inodes",
+            )
+        return found
+
+    def executing(self, context: str) -> bool:
+        return any(p.context == context for p in self._execs.values())
+
+    async def interrupt(self, context: str) -> bool:
+        """Stop the cell running in `context`; its reply is an error saying so, and the
+        sandbox, its process and its variables stay. False if no cell was running there."""
+        running = [key for key, p in self._execs.items() if p.context == context]
+        if not running or not self.running:
+            return False
+        req = new_id()
+        answer = await self._request(
+            frames.Interrupt(exec=running[0], ctx=context, req=req), req, INTERRUPT_TIMEOUT_S
+        )
+        return bool(answer.running)
+
+    def _arm(self, pending: _Exec) -> None:
+        """(Re)schedule the wall-time check: none while a host callback is pending."""
+        if pending.timer is not None:
+            pending.timer.cancel()
+            pending.timer = None
+        if pending.watch.paused or pending.future.done():
+            return
+        loop = asyncio.get_running_loop()
+        pending.timer = loop.call_later(max(0.0, pending.watch.remaining()), self._expire, pending)
+
+    def _expire(self, pending: _Exec) -> None:
+        pending.timer = None
+        if pending.future.done() or pending.watch.paused:
+            return
+        if pending.watch.remaining() > 0:
+            self._arm(pending)
+            return
+        reason = (
+            f"execution exceeded the {pending.watch.budget_s:g} s wall-time limit (time waiting "
+            "on host tools not counted); the sandbox was stopped and its REPL state is lost"
+        )
+        task = asyncio.get_running_loop().create_task(self.stop(reason, "wall_time"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- fork --------------------------------------------------------------------------------
+
+    async def fork_into(self, child_id: str) -> "LocalSandbox":
+        self._check_running()
+        provider = self._provider
+        child_dir = provider.settings.root / child_id
+        await asyncio.to_thread(provider.record_uid, self.uid, child_dir)
+        await asyncio.to_thread(prepare_child_dirs, child_dir, self.uid)
+        copy: asyncio.Task[None] | None = None
+        mine, theirs = socket.socketpair()
+        child = LocalSandbox(
+            provider,
+            child_id,
+            self.uid,
+            self.limits,
+            frames.Channel(mine, provider.settings.max_frame),
+            None,
+        )
+        key = new_id()
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[key] = waiter
+        try:
+            child.start_reading()
+            await self._channel.send(
+                frames.Fork(fork=key, cwd=str(child.workspace), env=sandbox_env(child.directory)),
+                (theirs.fileno(),),
+            )
+            theirs.close()
+            answer = await asyncio.wait_for(waiter, 10)
+            if isinstance(answer, frames.ForkRefused):
+                raise ForkFailed(f"cannot fork sandbox {self.id}: {answer.error}")
+            # the child idles until asked: its files are copied while it comes up, and only
+            # for a fork that happened
+            copy = asyncio.create_task(copy_sandbox_dir(self.directory, child_dir, self.uid))
+            pid = await child.wait_ready(10)
+            await copy
+        except BaseException:
+            theirs.close()
+            if copy is not None and not copy.done():
+                copy.cancel()
+            self._waiters.pop(key, None)
+            await child.stop("fork failed", "exited")
+            await remove_dir(child_dir)
+            raise
+        if not owned_by(pid, self.uid):
+            await child.stop("the forked child reported a process that is not its own", "protocol")
+            raise ForkFailed(f"fork of sandbox {self.id} failed: the child misreported itself")
+        provider.family_join(self.uid)
+        child.contexts = set(self.contexts)
+        return child
+
+    # -- files -------------------------------------------------------------------------------
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await asyncio.to_thread(write_in, self.workspace, path, data, self.uid)
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await asyncio.to_thread(read_in, self.workspace, path, max_bytes)
+
+    # -- ending ------------------------------------------------------------------------------
+
+    async def stop(self, reason: str, limit: str = "exited") -> None:
+        """Idempotent; a second caller waits until the first stop (hooks included) is done,
+        so a delete racing a limit records the limit first."""
+        if self._reason is not None:
+            await self._stopped.wait()
+            return
+        try:
+            await self._stop(reason, limit)
+        finally:
+            self._stopped.set()
+
+    async def _stop(self, reason: str, limit: str) -> None:
+        self._reason = reason
+        self._limit = limit
+        self._kill_group()
+        if self._reader is not None and self._reader is not asyncio.current_task():
+            self._reader.cancel()
+        if self._inode_task is not None and self._inode_task is not asyncio.current_task():
+            self._inode_task.cancel()
+        self._channel.close()
+        if not self._ready.done():
+            self._ready.set_exception(SandboxStopped(reason))
+            self._ready.exception()
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(SandboxStopped(reason))
+                waiter.exception()
+        for pending in self._execs.values():
+            if not pending.future.done():
+                pending.future.set_exception(SandboxStopped(reason))
+                pending.future.exception()
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self._process.wait, 5)
+        if self.pid is not None:
+            await self._provider.family_leave(self.uid)
+        for hook in self.on_stop:
+            await hook(self)
+
+    def _kill_group(self) -> None:
+        pid = self.pid if self.pid is not None else (self._process.pid if self._process else None)
+        if pid is None or not owned_by(pid, self.uid):
+            if self._process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._process.pid, signal.SIGKILL)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+    async def destroy(self) -> None:
+        await self.stop("deleted", "exited")
+        await remove_dir(self.directory)
+
+
+def _reply(frame: frames.ExecOutcome) -> ExecuteReply:
+    match frame:
+        case frames.Result():
+            return ExecuteReply(kind="result", value=frame.value, stdout=frame.stdout)
+        case frames.Final():
+            return ExecuteReply(kind="final", value=frame.value, stdout=frame.stdout)
+        case frames.SyntaxFailure():
+            return ExecuteReply(kind="syntax", error=frame.error, stdout=frame.stdout)
+        case frames.ExecFailure():
+            return ExecuteReply(kind="error", error=frame.error, stdout=frame.stdout)
+        case frames.Missing():
+            return ExecuteReply(kind="missing", missing=frame.hashes)
+    raise ProtocolViolation(f"unexpected frame {frame!r}")
+
+
+def owned_by(pid: int, uid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid
+    except OSError:
+        return False

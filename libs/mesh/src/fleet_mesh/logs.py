@@ -6,6 +6,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from fleet_mesh.settings import LogLevel
+
 _RESERVED = set(vars(logging.makeLogRecord({})))
 
 
@@ -30,7 +32,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def configure(service: str, replica: str, level: str = "INFO") -> logging.Logger:
+def configure(service: str, replica: str, level: LogLevel = "INFO") -> logging.Logger:
+    """Called once, by the runtime, with the level `MeshSettings` has already checked."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service, replica))
     root = logging.getLogger()

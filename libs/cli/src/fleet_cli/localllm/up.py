@@ -8,6 +8,7 @@ consulted and the key sealed), before the services (so the agent's first turn fi
 import asyncio
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -110,6 +111,11 @@ def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -
 async def start_local(
     options: LlmOptions, supervisor: Supervisor, say: Callable[[str], None], stop: asyncio.Event
 ) -> server.ServerConfig:
+    if _port_taken(options.port):
+        raise LlmUnavailable(
+            f"the local LLM port {options.port} on 127.0.0.1 is in use; pass --llm-port with a "
+            "free port (0 picks one)"
+        )
     say("LLM: local (Qwen2.5-Coder-0.5B-Instruct on loopback); checking the install")
     cancel = threading.Event()  # the install runs in a thread: a stop must reach its build
     relay = asyncio.create_task(_relay(stop, cancel))
@@ -125,6 +131,15 @@ async def start_local(
     await wait_answering(config, key, child.alive, LOAD_TIMEOUT_S)
     say(f"LLM: local model server answering on {config.api_base}")
     return config
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 async def _relay(stop: asyncio.Event, cancel: threading.Event) -> None:

@@ -1,0 +1,212 @@
+"""`fleet up`'s LLM hook on a real NATS server: which model wins, what the default profile
+becomes, and that the key stays out of every log.
+
+The install and the model server are replaced here, and only here, by stand-ins: a FAKE
+server (a few lines of http.server that answer `/v1/models` to the right bearer key, like
+llama-cpp-python does) and an install that returns a file. The real install and the real server
+are tested in tests/integration/llm (slow tier).
+"""
+
+import asyncio
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from fleet_cli.localllm import server, up
+from fleet_cli.localllm.install import Installed
+from fleet_cli.localllm.paths import Cache
+from fleet_cli.localllm.profile import LOCAL_KEY_REF, LOCAL_MODEL
+from fleet_cli.supervisor import Supervisor
+from fleet_events.llm import DEFAULT_PROFILE, ROLES, LlmProfile
+from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.connection import connect
+from fleet_mesh.natsserver import NatsServer, free_port
+from fleet_mesh.runtime_config import LlmConfig
+from fleet_mesh.secrets import SecretsReader, load_private_key
+
+FAKE_SERVER = """
+import http.server, os, sys
+KEY = os.environ["API_KEY"]
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.headers.get("Authorization") == "Bearer " + KEY
+        self.send_response(200 if ok else 401)
+        self.end_headers()
+        self.wfile.write(b'{"data": []}' if ok else b"{}")
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Cache]:
+    """Record installs instead of doing them; the server is the FAKE above."""
+    calls: list[Cache] = []
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+
+    def ensure_installed(cache: Cache, progress: object, **_: object) -> Installed:
+        calls.append(cache)
+        return Installed(model=model, python=sys.executable, seconds=0.0)
+
+    monkeypatch.setattr(up, "ensure_installed", ensure_installed)
+    monkeypatch.setattr(
+        server,
+        "argv",
+        lambda config: (sys.executable, "-c", FAKE_SERVER, str(config.port)),
+    )
+    monkeypatch.delenv("FLEET_LLM_MODEL", raising=False)
+    monkeypatch.delenv("FLEET_SECRETS_KEY", raising=False)
+    monkeypatch.delenv("FLEET_SECRETS_PUBLIC_KEY", raising=False)
+    return calls
+
+
+@pytest.fixture
+def supervisor() -> Iterator[Supervisor]:
+    running = Supervisor(grace_s=5)
+    yield running
+    running.stop()
+
+
+async def bootstrapped(nats: NatsServer) -> Client:
+    nc = await connect(nats.url, name="test")
+    await bootstrap(nc.jetstream(), env={})
+    return nc
+
+
+def options(tmp_path: Path, mode: str, port: int | None = None) -> up.LlmOptions:
+    return up.LlmOptions(
+        mode=mode, data_dir=tmp_path / "data", port=port or free_port(), cache=Cache(tmp_path)
+    )
+
+
+async def test_none_starts_nothing_and_asks_nothing(
+    tmp_path: Path, supervisor: Supervisor, fake_install: list[Cache]
+) -> None:
+    said: list[str] = []
+    hook = up.hook(options(tmp_path, up.NONE), said.append, asyncio.Event())
+    env = await hook("nats://127.0.0.1:1", supervisor)  # never connected: nothing to ask
+    assert env == {}
+    assert supervisor.children == []
+    assert fake_install == []
+    assert said == ["LLM: none (--llm none): no model server started"]
+
+
+async def test_fleet_llm_model_in_the_environment_wins_over_the_local_model(
+    tmp_path: Path,
+    supervisor: Supervisor,
+    fake_install: list[Cache],
+    private_nats: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nc = await bootstrapped(private_nats)
+    monkeypatch.setenv("FLEET_LLM_MODEL", "openai/big-model")
+    said: list[str] = []
+    await up.hook(options(tmp_path, up.AUTO), said.append, asyncio.Event())(
+        private_nats.url, supervisor
+    )
+    assert supervisor.children == []
+    assert fake_install == []
+    assert "FLEET_LLM_MODEL is set; the local model is not started" in said[-1]
+    assert await (await LlmConfig.open(nc.jetstream())).get_profile(DEFAULT_PROFILE) is None
+    await nc.close()
+
+
+async def test_a_stored_profile_wins_and_is_never_rewritten(
+    tmp_path: Path, supervisor: Supervisor, fake_install: list[Cache], private_nats: NatsServer
+) -> None:
+    nc = await bootstrapped(private_nats)
+    llm = await LlmConfig.open(nc.jetstream())
+    theirs = LlmProfile(name=DEFAULT_PROFILE, model="openai/gpt-x", api_base="http://10.0.0.5/v1")
+    await llm.put_profile(theirs)
+    said: list[str] = []
+    await up.hook(options(tmp_path, up.AUTO), said.append, asyncio.Event())(
+        private_nats.url, supervisor
+    )
+    assert supervisor.children == []
+    assert fake_install == []
+    assert "the stored profile 'default' names openai/gpt-x" in said[-1]
+    # forced local: the server runs, but the operator's profile stays theirs
+    await up.hook(options(tmp_path, up.LOCAL), said.append, asyncio.Event())(
+        private_nats.url, supervisor
+    )
+    assert [child.spec.name for child in supervisor.children] == ["llm"]
+    stored = await llm.get_profile(DEFAULT_PROFILE)
+    assert stored is not None
+    assert stored.profile == theirs
+    await nc.close()
+
+
+async def test_a_named_profile_that_is_not_stored_is_refused(
+    tmp_path: Path, supervisor: Supervisor, fake_install: list[Cache], private_nats: NatsServer
+) -> None:
+    nc = await bootstrapped(private_nats)
+    hook = up.hook(options(tmp_path, "big"), lambda _: None, asyncio.Event())
+    with pytest.raises(up.LlmUnavailable, match="no global LLM profile 'big' is stored"):
+        await hook(private_nats.url, supervisor)
+    assert supervisor.children == []
+    await nc.close()
+
+
+async def test_local_by_default_points_the_default_profile_at_the_server_with_a_sealed_key(
+    tmp_path: Path,
+    supervisor: Supervisor,
+    fake_install: list[Cache],
+    private_nats: NatsServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    nc = await bootstrapped(private_nats)
+    js = nc.jetstream()
+    said: list[str] = []
+    first = options(tmp_path, up.AUTO)
+    env = await up.hook(first, said.append, asyncio.Event())(private_nats.url, supervisor)
+
+    (child,) = supervisor.children
+    assert child.spec.name == "llm"
+    assert child.alive()
+    assert len(fake_install) == 1
+    key = (first.data_dir / "llm" / server.KEY_FILE).read_text().strip()
+    llm = await LlmConfig.open(js)
+    stored = await llm.get_profile(DEFAULT_PROFILE)
+    assert stored is not None
+    assert stored.profile.model == LOCAL_MODEL
+    assert stored.profile.api_base == f"http://127.0.0.1:{first.port}/v1"
+    assert stored.profile.secret == LOCAL_KEY_REF
+    assert stored.profile.temperature == 0.0
+    assert [await llm.role(role, tenant=None) for role in ROLES] == [DEFAULT_PROFILE] * 4
+    # the services get the key pair that opens the sealed key; the key itself is in no env
+    reader = await SecretsReader.open_reader(js, load_private_key(Path(env["FLEET_SECRETS_KEY"])))
+    assert await reader.get(LOCAL_KEY_REF) == key
+    assert key not in " ".join(env.values())
+
+    # a later start on another port: the local profile follows its server
+    supervisor.stop()
+    second = options(tmp_path, up.AUTO)
+    await up.hook(second, said.append, asyncio.Event())(private_nats.url, supervisor)
+    moved = await llm.get_profile(DEFAULT_PROFILE)
+    assert moved is not None
+    assert moved.profile.api_base == f"http://127.0.0.1:{second.port}/v1"
+    assert (second.data_dir / "llm" / server.KEY_FILE).read_text().strip() == key
+
+    everything = "\n".join(said) + "\n".join(r.getMessage() for r in caplog.records)
+    everything += (first.data_dir / "logs" / "llm.log").read_text()
+    assert key not in everything
+    await nc.close()
+
+
+async def test_a_port_in_use_is_refused_with_the_flag_to_change(
+    tmp_path: Path, supervisor: Supervisor, fake_install: list[Cache], private_nats: NatsServer
+) -> None:
+    nc = await bootstrapped(private_nats)
+    holder = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = holder.sockets[0].getsockname()[1]
+    hook = up.hook(options(tmp_path, up.LOCAL, port), lambda _: None, asyncio.Event())
+    with pytest.raises(up.LlmUnavailable, match=f"port {port} on 127.0.0.1 is in use.*--llm-port"):
+        await hook(private_nats.url, supervisor)
+    assert supervisor.children == []
+    holder.close()
+    await nc.close()

@@ -66,11 +66,6 @@ class ServiceContext:
         return served
 
 
-def replica_id(service: str) -> str:
-    """`FLEET_REPLICA`, or a name unique to this process (see `MeshSettings.replica_for`)."""
-    return load_settings().replica_for(service)
-
-
 @contextlib.asynccontextmanager
 async def running(
     name: str,

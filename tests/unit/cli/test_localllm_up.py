@@ -210,3 +210,39 @@ async def test_a_port_in_use_is_refused_with_the_flag_to_change(
     assert supervisor.children == []
     holder.close()
     await nc.close()
+
+
+async def test_fleet_llm_model_set_later_replaces_the_local_default_but_never_an_operators(
+    tmp_path: Path,
+    supervisor: Supervisor,
+    fake_install: list[Cache],
+    private_nats: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bootstrap's seed never overwrites a stored profile; without the hand-over, a mesh
+    that once ran the local model would ignore FLEET_LLM_* for ever."""
+    nc = await bootstrapped(private_nats)
+    llm = await LlmConfig.open(nc.jetstream())
+    first = options(tmp_path, up.AUTO)
+    await up.hook(first, lambda _: None, asyncio.Event())(private_nats.url, supervisor)
+    supervisor.stop()
+    monkeypatch.setenv("FLEET_LLM_MODEL", "openai/big-model")
+    monkeypatch.setenv("FLEET_LLM_API_BASE", "http://10.1.2.3:8000/v1")
+    again = options(tmp_path, up.AUTO)
+    await up.hook(again, lambda _: None, asyncio.Event())(private_nats.url, supervisor)
+    stored = await llm.get_profile(DEFAULT_PROFILE)
+    assert stored is not None
+    assert (stored.profile.model, stored.profile.api_base) == (
+        "openai/big-model",
+        "http://10.1.2.3:8000/v1",
+    )
+    assert [child.spec.name for child in supervisor.children] == ["llm"]  # only the first
+    # an operator's profile is not the local one: FLEET_LLM_* does not replace it either
+    monkeypatch.setenv("FLEET_LLM_MODEL", "openai/other")
+    await up.hook(options(tmp_path, up.AUTO), lambda _: None, asyncio.Event())(
+        private_nats.url, supervisor
+    )
+    kept = await llm.get_profile(DEFAULT_PROFILE)
+    assert kept is not None
+    assert kept.profile.model == "openai/big-model"
+    await nc.close()

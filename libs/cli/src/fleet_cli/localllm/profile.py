@@ -14,8 +14,9 @@ from nacl.public import PublicKey
 from nats.js import JetStreamContext
 
 from fleet_cli.localllm.server import MODEL_ALIAS
-from fleet_events.llm import DEFAULT_PROFILE, ROLES, LlmProfile
-from fleet_mesh.runtime_config import MODEL_ENV, LlmConfig
+from fleet_events import streams
+from fleet_events.llm import DEFAULT_PROFILE, ROLES, LlmProfile, profile_key
+from fleet_mesh.runtime_config import MODEL_ENV, LlmConfig, seed_llm_from_env
 from fleet_mesh.secrets import SecretsWriter
 
 LOCAL_KEY_REF = "local-llm-key"
@@ -88,3 +89,18 @@ async def point_default_at(
         if await llm.seed_role(role, DEFAULT_PROFILE):
             changed.append(f"llm role {role}")
     return changed
+
+
+async def hand_over_to_env(
+    js: JetStreamContext, env: Mapping[str, str], public_key: PublicKey | None
+) -> list[str]:
+    """`FLEET_LLM_*` set on a mesh whose default profile is still the local one seeded by an
+    earlier start: the bootstrap's seed never overwrites a stored profile, so without this the
+    environment would lose to the embedded model. Only the local profile is replaced."""
+    llm = await LlmConfig.open(js)
+    stored = await llm.get_profile(DEFAULT_PROFILE)
+    if stored is None or not is_local(stored.profile):
+        return []
+    kv = await js.key_value(streams.CONFIG.bucket)
+    await kv.delete(profile_key(DEFAULT_PROFILE), last=stored.revision)
+    return await seed_llm_from_env(js, env, public_key=public_key)

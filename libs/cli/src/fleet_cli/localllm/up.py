@@ -89,6 +89,10 @@ def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -
                 say(f"LLM: the stored profile {options.mode!r}; no local model started")
                 return extra
             if options.mode == AUTO:
+                if profile.env_configured(os.environ):
+                    public = public_key_from_env({**os.environ, **extra})
+                    for change in await profile.hand_over_to_env(js, os.environ, public):
+                        log.info("seeded %s from FLEET_LLM_* (was the local model)", change)
                 elsewhere = profile.env_configured(os.environ) or await profile.stored_elsewhere(
                     llm
                 )

@@ -14,13 +14,13 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from fleet_agent.profiles import LlmStores, register_agent_verbs
+from fleet_agent.profiles import LlmStores, open_stores, register_agent_verbs
 from fleet_events import bus, new_id
 from fleet_events.llm import GetAgentStatus, LlmProfile, TestLm
 from fleet_harness.scripted_lm import Reply, ScriptedLM
 from fleet_mesh import rpc
 from fleet_mesh.runtime_config import LlmConfig
-from fleet_mesh.secrets import SecretsReader, ensure_keypair, load_private_key
+from fleet_mesh.secrets import SecretError, SecretsReader, ensure_keypair, load_private_key
 from fleet_mesh.service import ServiceContext
 
 PLANTED = "sk-planted-" + "9b8a7c" * 6
@@ -144,3 +144,18 @@ async def test_malformed_requests_are_refused_and_name_the_value(nc: Client, ser
         await probe(nc, TestLm(tenant="acme", role="boss"))
     with pytest.raises(rpc.RemoteError, match=re.escape("timeout_s cannot be 0.0")):
         await probe(nc, TestLm(tenant="acme", timeout_s=0.0))
+
+
+async def test_the_stores_come_from_the_services_key_file(
+    nc: Client, js: JetStreamContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = ServiceContext(name="agent", replica="r", nc=nc, js=js, log=logging.getLogger("a"))
+    monkeypatch.delenv("FLEET_SECRETS_KEY", raising=False)
+    with pytest.raises(SecretError, match="set FLEET_SECRETS_KEY to its file"):
+        await open_stores(ctx)
+    files = ensure_keypair(tmp_path / "k")
+    monkeypatch.setenv("FLEET_SECRETS_KEY", str(files.private))
+    stores = await open_stores(ctx)
+    tenant = f"t-{new_id()[:10]}"
+    await stores.secrets.put("s", PLANTED, tenant=tenant)
+    assert await stores.secrets.get("s", tenant=tenant) == PLANTED

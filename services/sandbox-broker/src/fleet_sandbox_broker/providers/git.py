@@ -19,7 +19,8 @@ MAX_URL = 2048
 
 _SHA = re.compile(r"[0-9a-f]{7,64}")
 _REF_CHARS = re.compile(r"[A-Za-z0-9._/+=-]+")
-_HOST = re.compile(r"[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]")
+# a name or IPv4 address (never starting with '-' or '.'), or an IPv6 address (brackets gone)
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*|[0-9A-Fa-f]*:[0-9A-Fa-f:.]*")
 _USER = re.compile(r"[A-Za-z0-9._-]+")
 
 _HINT = "give a branch or tag name (git check-ref-format rules) or a commit id"
@@ -77,7 +78,7 @@ def _url_problem(url: str, allow_local: bool) -> str | None:
         return f"it is longer than {MAX_URL} characters"
     if url.startswith("-"):
         return "it starts with '-', which git would read as an option"
-    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
         return "it contains whitespace or a control character"
     if "://" not in url:
         if allow_local and url.startswith("/") and "::" not in url:
@@ -89,22 +90,17 @@ def _url_problem(url: str, allow_local: bool) -> str | None:
         return None if allow_local else "local repositories are not allowed on this server"
     if scheme not in SCHEMES:
         return f"the scheme {scheme!r} is not allowed"
-    netloc = parts.netloc
-    user, _, hostport = netloc.rpartition("@")
-    if ":" in user:
+    if parts.password is not None:
         return "it carries a password; credentials never travel in a repo URL"
-    if user and not _USER.fullmatch(user):
-        return f"the user name {user!r} is not plain"
-    host = hostport
-    if host.startswith("["):
-        host = host[: host.find("]") + 1] if "]" in host else host
-    else:
-        host = host.partition(":")[0]
-    port = hostport[len(host) :]
-    if not host or host.startswith(("-", ".")) or not _HOST.fullmatch(host):
+    if parts.username is not None and not _USER.fullmatch(parts.username):
+        return f"the user name {parts.username!r} is not plain"
+    host = parts.hostname or ""
+    if not _HOST.fullmatch(host):
         return f"the host {host!r} is not a host name or address"
-    if port and not re.fullmatch(r":[0-9]{1,5}", port):
-        return f"the port {port[1:]!r} is not a number"
-    if not parts.path or parts.path == "/":
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port when it is read
+    except ValueError:
+        return "its port is not a number from 0 to 65535"
+    if parts.path in ("", "/"):
         return "it names no repository path"
     return None

@@ -117,3 +117,11 @@ def test_a_revival_names_the_replica_that_holds_it_now() -> None:
     assert domain.orphaned(views["s"], "other", lambda w: w == "/w/s")
     assert not domain.orphaned(views["s"], "new", lambda w: True)
     assert not domain.orphaned(views["s"], "other", lambda w: False)
+
+
+def test_a_stop_the_event_type_cannot_name_is_recorded_as_exited_with_its_detail() -> None:
+    event = domain.stopped("s", "a-future-limit", "why it stopped")
+    assert event is not None
+    assert (event.limit, event.detail) == ("exited", "a-future-limit: why it stopped")
+    decoded = msgspec.json.decode(msgspec.json.encode(event), type=sb.LimitExceeded)
+    assert decoded == event

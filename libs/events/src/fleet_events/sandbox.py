@@ -101,7 +101,7 @@ class LimitExceeded(Event, frozen=True, kw_only=True, tag="sandbox.limit_exceede
     """A sandbox stopped by one of its limits; its REPL memory is gone, its files are not."""
 
     sandbox: str
-    limit: Literal["wall_time", "cpu_time", "memory", "frame_size", "protocol", "exited"]
+    limit: Literal["wall_time", "cpu_time", "memory", "frame_size", "protocol", "exited", "inodes"]
     detail: str
 
 

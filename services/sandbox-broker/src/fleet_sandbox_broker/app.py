@@ -32,8 +32,12 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
             uid_count=settings.uid_count,
             max_frame=settings.max_frame_bytes,
             output_cap=settings.output_cap_chars,
+            show=settings.show,
             hide=settings.hide,
             uid_locks=settings.uid_locks,
+            max_tool_calls=settings.max_tool_calls,
+            max_inodes=settings.max_inodes,
+            inode_check_s=settings.inode_check_s,
         )
     )
     blobs = await JetStreamBlobs.open(ctx.js)
@@ -41,7 +45,7 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
     config = await RuntimeConfig.open(ctx.js)
     sessions = EventStore(ctx.js, streams.SESSIONS, Codec(blobs))
     # caught up with the log before serving: list and the quota answer from it
-    view = SandboxesView(ctx.js, store, streams.SANDBOXES.name)
+    view = SandboxesView(ctx.js, Codec(blobs))
     await view.start()
     broker = Broker(ctx, provider, store, blobs, settings, config, view, sessions)
     routes = Routes(

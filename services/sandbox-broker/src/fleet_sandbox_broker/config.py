@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet_events.sandbox import Limits
 from fleet_sandbox_broker import domain
-from fleet_sandbox_broker.providers.local import HIDE
+from fleet_sandbox_broker.providers.launch import HIDE, SHOW
 
 MIB = 1024 * 1024
 
@@ -34,7 +34,12 @@ class BrokerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLEET_SANDBOX_", frozen=True, extra="ignore")
 
     root: Path = Path("/var/lib/fleet-rlm/sandboxes")
-    hide: tuple[str, ...] = HIDE  # FLEET_SANDBOX_HIDE='["/home", "/work"]' (JSON list)
+    # host paths a sandbox sees (an allow-list), and paths under them covered anyway
+    show: tuple[str, ...] = SHOW  # FLEET_SANDBOX_SHOW='["/usr", "/bin"]' (JSON list)
+    hide: tuple[str, ...] = HIDE  # FLEET_SANDBOX_HIDE='["/usr/local/secret"]' (JSON list)
+    max_tool_calls: int = Field(default=8, ge=1, le=256)  # host tool calls in flight per sandbox
+    max_inodes: int = Field(default=100_000, ge=100)  # files and directories per sandbox
+    inode_check_s: float = Field(default=1.0, gt=0)
     python: str = "/usr/bin/python3"
     uid_base: int = Field(default=310000, ge=1000)
     uid_count: int = Field(default=4096, ge=1)

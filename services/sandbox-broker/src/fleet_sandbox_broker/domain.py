@@ -9,6 +9,7 @@
 """
 
 import time
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -354,12 +355,17 @@ def deleted(sandbox: str, reason: str) -> ev.SandboxDeleted:
 
 
 STOPS_NOT_RECORDED = ("deleted", "replaced")  # their own event says so
+LIMITS: tuple[str, ...] = typing.get_args(typing.get_type_hints(ev.LimitExceeded)["limit"])
 
 
 def stopped(sandbox: str, limit: str | None, reason: str | None) -> ev.LimitExceeded | None:
-    """What a sandbox's stop records, or None for a stop another event already explains."""
+    """What a sandbox's stop records, or None for a stop another event already explains. A
+    limit the event type does not name is recorded as `exited` with its detail: an event no
+    reader could decode would be worse than a vaguer one."""
     if limit is None or (limit == "exited" and reason in STOPS_NOT_RECORDED):
         return None
+    if limit not in LIMITS:
+        reason, limit = f"{limit}: {reason or ''}", "exited"
     return ev.LimitExceeded(sandbox=sandbox, limit=limit, detail=reason or "")  # type: ignore[arg-type]
 
 

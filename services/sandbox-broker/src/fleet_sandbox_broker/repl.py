@@ -11,7 +11,7 @@ from fleet_mesh import rpc
 from fleet_mesh.blobs import BlobNotFound
 from fleet_sandbox_broker import domain
 from fleet_sandbox_broker.broker import Broker, Held
-from fleet_sandbox_broker.errors import BadSpec, SandboxError, SandboxNotFound, SandboxStopped
+from fleet_sandbox_broker.errors import BadSpec, SandboxNotFound, SandboxStopped
 from fleet_sandbox_broker.providers.base import ToolRelay
 
 # room for the reply's own fields and the NATS headers around a capped execution reply
@@ -78,10 +78,7 @@ class Repl:
     async def interrupt(self, req: sb.InterruptCell) -> sb.Interrupted:
         """Stop the cell running in the context now; the sandbox and its REPL state survive."""
         held = self._context(req)
-        interrupt = getattr(held.box, "interrupt", None)
-        if interrupt is None:  # a provider without the verb says so rather than pretending
-            raise SandboxError(f"the {self.b.provider.name} provider cannot interrupt a cell")
-        return sb.Interrupted(interrupted=bool(await interrupt(req.context)))
+        return sb.Interrupted(interrupted=await held.box.interrupt(req.context))
 
     def _relay_to(self, interpreter: str | None, timeout: float) -> ToolRelay:
         nc = self.b.ctx.nc

@@ -13,10 +13,15 @@ import logging
 from collections.abc import Iterator
 
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from fleet_events import sandbox as sb
 from fleet_events import streams
-from fleet_mesh.store import EventStore, Head
+from fleet_events.binding import subject_tenant
+from fleet_events.chain import HASH_HEADER
+from fleet_events.codec import Codec, CodecError
+from fleet_events.envelope import Event
+from fleet_mesh.store import Head
 from fleet_sandbox_broker import domain
 from fleet_sandbox_broker.errors import Unavailable
 
@@ -26,10 +31,10 @@ CATCH_UP_S = 5.0
 
 
 class SandboxesView:
-    def __init__(self, js: JetStreamContext, store: EventStore, stream: str) -> None:
+    def __init__(self, js: JetStreamContext, codec: Codec) -> None:
         self._js = js
-        self._store = store
-        self._stream = stream
+        self._codec = codec
+        self._stream = streams.SANDBOXES.name
         self._tenants: dict[str, dict[str, domain.SandboxView]] = {}
         self._heads: dict[str, Head] = {}  # per sandbox subject: for claims on it
         self.seq = 0
@@ -42,17 +47,39 @@ class SandboxesView:
         await self.caught_up(timeout=60.0)
 
     async def _follow(self) -> None:
-        async for stored in self._store.subscribe(streams.SANDBOXES.subjects[0]):
-            tenant = stored.envelope.tenant
-            views = self._tenants.setdefault(tenant, {})
-            domain.evolve(views, tenant, stored.envelope.data, stored.seq)
-            self._heads[stored.subject] = Head(stored.seq, stored.hash)
-            for sandbox in [s for s, v in views.items() if v.status == "deleted"]:
-                del views[sandbox]  # nothing later can bring it back: keep the view small
-                self._heads.pop(sb.sandbox_subject(tenant, sandbox), None)
-            async with self._moved:
-                self.seq = stored.seq
-                self._moved.notify_all()
+        """An ordered consumer from the stream's start (the client recreates it from the last
+        sequence seen if a message goes missing). An event this broker cannot read (written
+        by a newer one, say) is logged and skipped: one bad event must not stop every list."""
+        start = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=1)
+        sub = await self._js.subscribe(
+            streams.SANDBOXES.subjects[0], stream=self._stream, ordered_consumer=True,
+            config=start, idle_heartbeat=5.0,
+        )  # fmt: skip
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=None)
+                seq = msg.metadata.sequence.stream
+                try:
+                    envelope = await self._codec.decode(
+                        msg.data, tenant=subject_tenant(msg.subject)
+                    )
+                except CodecError:
+                    log.exception("skipped an event it cannot read", extra={"seq": seq})
+                else:
+                    self._fold(envelope.tenant, envelope.data, seq)
+                self._heads[msg.subject] = Head(seq, (msg.headers or {}).get(HASH_HEADER, ""))
+                async with self._moved:
+                    self.seq = seq
+                    self._moved.notify_all()
+        finally:
+            await sub.unsubscribe()
+
+    def _fold(self, tenant: str, event: Event, seq: int) -> None:
+        views = self._tenants.setdefault(tenant, {})
+        domain.evolve(views, tenant, event, seq)
+        for sandbox in [s for s, v in views.items() if v.status == "deleted"]:
+            del views[sandbox]  # nothing later can bring it back: keep the view small
+            self._heads.pop(sb.sandbox_subject(tenant, sandbox), None)
 
     async def caught_up(self, timeout: float = CATCH_UP_S) -> None:
         """Wait until every event stored before this call is folded in."""

@@ -2,6 +2,8 @@
 bus, the bus document beside the OpenAPI, a clean exit on SIGTERM."""
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ from nats.aio.client import Client
 
 from fleet_events import bus as verbs
 from fleet_events.bus import Ping
-from fleet_harness.procs import Launcher
+from fleet_harness.procs import Launcher, base_env
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.natsserver import NatsServer, free_port
@@ -90,3 +92,17 @@ async def test_gateway_stops_promptly_on_sigterm_when_nats_is_already_gone(
         assert await asyncio.to_thread(replica.stop, 15) == 0
     finally:
         launcher.stop_all()
+
+
+def test_a_bad_gateway_setting_stops_it_with_one_line_naming_the_variable(
+    nats_server: NatsServer,
+) -> None:
+    env = base_env(nats_server.url, "gateway-0") | {"FLEET_GATEWAY_PORT": "http"}
+    done = subprocess.run(
+        [sys.executable, "-m", "fleet_gateway"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "gateway: bad setting: FLEET_GATEWAY_PORT: Input should be a valid integer, "
+        "unable to parse string as an integer"
+    ]

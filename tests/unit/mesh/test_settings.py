@@ -3,8 +3,16 @@
 import re
 
 import pytest
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fleet_mesh.settings import DEFAULT_URL, BadSetting, MeshSettings, load_settings
+from fleet_mesh.settings import (
+    DEFAULT_URL,
+    BadSetting,
+    MeshSettings,
+    load_settings,
+    read_settings,
+)
 
 VARIABLES = ("NATS_URL", "FLEET_REPLICA", "FLEET_LOG_LEVEL")
 
@@ -117,3 +125,23 @@ def test_generated_replica_names_are_subject_tokens_and_unique() -> None:
     assert len(names) == 20
     for name in names:
         assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name), name
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLEET_DEMO_", frozen=True)
+
+    port: int = Field(default=8080, ge=1, le=65535)
+    ratio: float = Field(default=0.5, gt=0)
+
+
+def test_a_service_settings_error_names_the_prefixed_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLEET_DEMO_PORT", "70000")
+    monkeypatch.setenv("FLEET_DEMO_RATIO", "-1")
+    with pytest.raises(BadSetting) as caught:
+        read_settings(ServiceSettings)
+    assert str(caught.value) == (
+        "bad setting: FLEET_DEMO_PORT: Input should be less than or equal to 65535; "
+        "FLEET_DEMO_RATIO: Input should be greater than 0"
+    )

@@ -11,7 +11,7 @@ echoed: they are a secret, and this message goes to the log.
 import os
 import socket
 import uuid
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
@@ -23,6 +23,7 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 URL_SCHEMES = ("nats", "tls", "ws", "wss")
+S = TypeVar("S", bound=BaseSettings)
 
 
 class BadSetting(ValueError):
@@ -100,14 +101,24 @@ class MeshSettings(BaseSettings):
         return f"{host or service}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def load_settings() -> MeshSettings:
-    """Read the environment once; raise `BadSetting` naming every variable that is wrong."""
+def read_settings(cls: type[S]) -> S:
+    """Read a settings class from the environment; raise `BadSetting` naming every variable
+    that is wrong (by its environment name), what is wrong with it and what it may be."""
     try:
-        return MeshSettings()
+        return cls()
     except ValidationError as exc:
+        prefix = str(cls.model_config.get("env_prefix") or "")
         problems = []
         for error in exc.errors(include_url=False, include_input=False):
-            variable = ".".join(str(part) for part in error["loc"])
+            first = str(error["loc"][0]) if error["loc"] else ""
+            # a field read under its own name carries the class's prefix; an alias is the name
+            variable = (prefix + first).upper() if first in cls.model_fields else first
             message = error["msg"].removeprefix("Value error, ")
             problems.append(f"{variable}: {message}")
-        raise BadSetting("bad mesh setting: " + "; ".join(problems)) from None
+        what = "mesh setting" if cls is MeshSettings else "setting"
+        raise BadSetting(f"bad {what}: " + "; ".join(problems)) from None
+
+
+def load_settings() -> MeshSettings:
+    """Read the mesh settings once; raise `BadSetting` naming every variable that is wrong."""
+    return read_settings(MeshSettings)

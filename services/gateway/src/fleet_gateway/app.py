@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from fleet_events.asyncapi import asyncapi
 from fleet_gateway.config import GatewaySettings
 from fleet_gateway.readiness import Readiness, check
 from fleet_mesh import service
-from fleet_mesh.settings import load_settings
+from fleet_mesh.settings import BadSetting, load_settings, read_settings
 
 SERVICE = "gateway"
 HTTP_START_S = 10.0
@@ -145,6 +146,10 @@ async def setup(ctx: service.ServiceContext, settings: GatewaySettings) -> None:
 
 
 def main() -> None:
-    """Serve the gateway until SIGTERM/SIGINT (exit 0), like every service."""
-    settings = GatewaySettings()
+    """Serve the gateway until SIGTERM/SIGINT (exit 0), like every service; a bad setting
+    ends it at once with the one line that says what to fix (exit 1)."""
+    try:
+        settings = read_settings(GatewaySettings)
+    except BadSetting as exc:
+        sys.exit(f"{SERVICE}: {exc}")
     service.run(SERVICE, functools.partial(setup, settings=settings))

@@ -197,10 +197,11 @@ async def test_progress_keeps_a_turn_longer_than_its_ack_deadline_from_redeliver
     server: NatsServer, m: Mesh, barriers: Path
 ) -> None:
     t = tenant()
-    async with agent(server, settings(barriers, ack_wait_s=1.0, turn_slots=2)) as ctx:
+    async with agent(server, settings(barriers, ack_wait_s=1.5, turn_slots=2)) as ctx:
         turn = await m.request(t, "s", "[hold:long] done")
         await m.reached("long")
-        # progress goes out every third of the deadline: six reports span two deadlines
+        # progress goes out every third of the deadline: six reports span two deadlines (a
+        # 1.5 s deadline leaves a loaded machine a second of slack between reports)
         await eventually(
             lambda: ctx.ping_details()["progress_sent"] >= 6, timeout=10,
             what="six progress reports",

@@ -1,0 +1,160 @@
+"""The real local model: installed by the project's own code (on a fresh machine this downloads
+the weights and builds the server, minutes; then it is cached per machine), served, asked.
+
+They assert the mechanics — it answers, it counts tokens, it enforces its key, `fleet up` starts
+it and points the default profile at it — never the wisdom of the answer.
+"""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleet_cli.localllm import server
+from fleet_cli.localllm.install import Installed, ensure_installed
+from fleet_cli.localllm.paths import Cache, default_cache
+from fleet_cli.localllm.profile import LOCAL_KEY_REF, LOCAL_MODEL
+from fleet_cli.supervisor import Supervisor
+from fleet_events.llm import DEFAULT_PROFILE
+from fleet_harness.waits import eventually
+from fleet_mesh.connection import connect
+from fleet_mesh.natsserver import free_port
+from fleet_mesh.runtime_config import LlmConfig
+from fleet_mesh.secrets import SecretsReader, load_private_key
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a fresh machine builds (~5 min)
+
+
+@pytest.fixture(scope="module")
+def installed() -> Installed:
+    return ensure_installed(Cache(default_cache()), lambda line: print(line, flush=True))
+
+
+@pytest.fixture
+def served(installed: Installed, tmp_path: Path) -> Iterator[tuple[server.ServerConfig, str]]:
+    key = server.ensure_key(tmp_path / "llm")
+    config = server.ServerConfig(model=installed.model, port=free_port(), python=installed.python)
+    supervisor = Supervisor(grace_s=5)
+    supervisor.launch(server.child_spec(config, key, tmp_path / "llm.log"))
+    yield config, key
+    supervisor.stop()
+
+
+async def chat(config: server.ServerConfig, key: str | None, prompt: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {
+        "model": server.MODEL_ALIAS,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 16,
+        "temperature": 0,
+        "seed": 7,
+    }
+    async with httpx.AsyncClient(timeout=300) as client:
+        return await client.post(f"{config.api_base}/chat/completions", json=body, headers=headers)
+
+
+async def answering(config: server.ServerConfig, key: str) -> None:
+    async def probe() -> bool:
+        async with httpx.AsyncClient(timeout=2) as client:
+            try:
+                reply = await client.get(
+                    f"{config.api_base}/models", headers={"Authorization": f"Bearer {key}"}
+                )
+            except httpx.HTTPError:
+                return False
+        return reply.status_code == 200
+
+    await eventually(probe, timeout=180, interval=0.2, what="the local model server to answer")
+
+
+async def test_the_installed_model_is_the_upstream_file(installed: Installed) -> None:
+    assert installed.model.stat().st_size == 491_400_064
+    # installed again: everything is found, nothing is downloaded or built
+    again = ensure_installed(Cache(default_cache()), lambda line: None)
+    assert again.model == installed.model
+
+
+async def test_the_server_answers_a_chat_completion_and_enforces_its_key(
+    served: tuple[server.ServerConfig, str], tmp_path: Path
+) -> None:
+    config, key = served
+    await answering(config, key)
+    reply = await chat(config, key, "Reply with one word: hello")
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert answer["choices"][0]["message"]["content"].strip()
+    assert answer["usage"]["prompt_tokens"] > 0
+    assert 0 < answer["usage"]["completion_tokens"] <= 16
+    # deterministic at temperature 0 with a seed: the same answer again
+    again = await chat(config, key, "Reply with one word: hello")
+    assert again.json()["choices"] == answer["choices"]
+    assert (await chat(config, None, "hi")).status_code == 401
+    assert (await chat(config, "not-the-key", "hi")).status_code == 401
+    assert key not in (tmp_path / "llm.log").read_text(errors="replace")
+
+
+async def test_fleet_up_by_default_serves_the_local_model_behind_the_default_profile(
+    installed: Installed, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "mesh"
+    output = tmp_path / "up.out"
+    llm_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_LLM_", "NATS_URL"))}
+    env.pop("FLEET_SECRETS_KEY", None)
+    env.pop("FLEET_SECRETS_PUBLIC_KEY", None)
+    argv = [sys.executable, "-m", "fleet_cli", "up", "--data-dir", str(data_dir)]
+    argv += ["--port", str(free_port()), "--nats-port", "0", "--llm-port", str(llm_port)]
+    argv += ["--grace", "5"]
+    with output.open("wb") as out:
+        mesh = await asyncio.create_subprocess_exec(
+            *argv, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        await eventually(
+            lambda: (
+                "local model server answering" in output.read_text(errors="replace")
+                or mesh.returncode is not None
+            ),
+            timeout=300,
+            what="fleet up to start the local model",
+        )
+        assert mesh.returncode is None, output.read_text()
+        key = (data_dir / "llm" / server.KEY_FILE).read_text().strip()
+        config = server.ServerConfig(model=installed.model, port=llm_port, python=sys.executable)
+        assert (await chat(config, key, "Reply with one word: hello")).status_code == 200
+        state = await eventually(
+            lambda: (
+                (data_dir / "up.json").exists() and json.loads((data_dir / "up.json").read_text())
+            ),
+            timeout=60,
+            what="up.json",
+        )
+        nc = await connect(state["nats"], name="test")
+        try:
+            js = nc.jetstream()
+            stored = await (await LlmConfig.open(js)).find_profile(DEFAULT_PROFILE, tenant=None)
+            assert stored.profile.model == LOCAL_MODEL
+            assert stored.profile.api_base == config.api_base
+            private = load_private_key(data_dir / "secrets" / "services.key")
+            reader = await SecretsReader.open_reader(js, private)
+            assert await reader.get(LOCAL_KEY_REF) == key
+        finally:
+            await nc.close()
+    finally:
+        mesh.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(mesh.wait(), 60)
+    printed = output.read_text(errors="replace")
+    assert "fleet stopped" in printed
+    logs = "".join(p.read_text(errors="replace") for p in (data_dir / "logs").glob("*.log"))
+    assert "LLM: local" in logs  # the progress lines are logged...
+    assert key not in printed
+    assert key not in logs  # ...and the key is in none of them
+    with pytest.raises(httpx.ConnectError):  # the server went with the mesh
+        await chat(config, key, "hi")

@@ -459,3 +459,116 @@ def test_the_fold_has_a_name_a_version_and_a_snapshot_type() -> None:
     )
     raw: Any = msgspec.msgpack.encode(state)
     assert msgspec.msgpack.decode(raw, type=FOLD.state_type) == state
+
+
+# -- every refusal, whole: the model reads these words, and projections read these fields -------
+
+
+@pytest.mark.parametrize(
+    ("decided", "expected"),
+    [
+        (
+            append_core_memory(CoreMemory(), "notes", "x"),
+            CoreMemoryRefused(
+                block="notes", op="append", reason="unknown_block", limit=0, length=0,
+                message="there is no core-memory block 'notes': use one of persona, human, "
+                "scratchpad",
+            ),
+        ),
+        (
+            append_core_memory(CoreMemory(), "human", " "),
+            CoreMemoryRefused(
+                block="human", op="append", reason="empty", limit=2000, length=0,
+                message="nothing to append: give the text to add",
+            ),
+        ),
+        (
+            append_core_memory(CoreMemory(persona="p"), "persona", "y" * 1999),
+            CoreMemoryRefused(
+                block="persona", op="append", reason="over_limit", limit=2000, length=2001,
+                message="core-memory block 'persona' would hold 2001 characters, over its limit "
+                "of 2000: shorten the text, or replace older content in 'persona' first",
+            ),
+        ),
+        (
+            replace_core_memory(CoreMemory(), "soul", "a", "b"),
+            CoreMemoryRefused(
+                block="soul", op="replace", reason="unknown_block", limit=0, length=0,
+                message="there is no core-memory block 'soul': use one of persona, human, "
+                "scratchpad",
+            ),
+        ),
+        (
+            replace_core_memory(CoreMemory(human="h"), "human", "", "b"),
+            CoreMemoryRefused(
+                block="human", op="replace", reason="empty", limit=2000, length=0,
+                message="give the exact text to replace (old)",
+            ),
+        ),
+        (
+            replace_core_memory(CoreMemory(human="h"), "human", "z", "b"),
+            CoreMemoryRefused(
+                block="human", op="replace", reason="not_found", limit=2000, length=0,
+                message="'z' is not in core-memory block 'human': quote its current text exactly",
+            ),
+        ),
+        (
+            replace_core_memory(CoreMemory(human="a-a-a"), "human", "a", "b"),
+            CoreMemoryRefused(
+                block="human", op="replace", reason="ambiguous", limit=2000, length=0,
+                message="'a' occurs 3 times in core-memory block 'human': quote a longer "
+                "excerpt that occurs once",
+            ),
+        ),
+        (
+            replace_core_memory(CoreMemory(scratchpad="ab"), "scratchpad", "b", "c" * 1000),
+            CoreMemoryRefused(
+                block="scratchpad", op="replace", reason="over_limit", limit=1000, length=1001,
+                message="core-memory block 'scratchpad' would hold 1001 characters, over its "
+                "limit of 1000: shorten the text, or replace older content in 'scratchpad' first",
+            ),
+        ),
+    ],
+)  # fmt: skip
+def test_each_memory_refusal_in_full(decided: Event, expected: CoreMemoryRefused) -> None:
+    assert decided == expected
+
+
+def test_each_input_refusal_in_full() -> None:
+    asked = fold(ask())
+    bare = fold(stored(InputRequested(request_id="q1", question="why?")))
+    assert answer_input(EMPTY, "q9", "x") == InputRefused(
+        request_id="q9",
+        reason="none_pending",
+        message="no question is waiting for an answer (request 'q9' was answered, expired or "
+        "never asked)",
+    )
+    assert answer_input(asked, "q2", "x") == InputRefused(
+        request_id="q2",
+        reason="other_request",
+        message="request 'q2' is not the pending one: answer 'q1' instead",
+    )
+    assert answer_input(asked, "q1", "x", option="c") == InputRefused(
+        request_id="q1",
+        reason="unknown_option",
+        message="option 'c' was not offered: choose one of 'a', 'b'",
+    )
+    assert answer_input(bare, "q1", "x", option="a") == InputRefused(
+        request_id="q1",
+        reason="unknown_option",
+        message="option 'a' was not offered: choose one of (none; answer in text)",
+    )
+
+
+def test_the_pending_question_keeps_its_timeout() -> None:
+    asked = fold(stored(InputRequested(request_id="q1", question="?", timeout_s=90.0)))
+    assert asked.pending_input is not None
+    assert asked.pending_input.timeout_s == 90.0
+
+
+def test_the_skip_line_in_full() -> None:
+    state = msgspec.structs.replace(EMPTY, skipped=("x.a", "x.b"), skipped_count=3)
+    assert skipped_line(state) == (
+        "skipped 3 event(s) of type(s) this agent version does not know: x.a, x.b; the session "
+        "state was built without them (upgrade the agent to read them)"
+    )

@@ -15,7 +15,7 @@ import msgspec
 
 from fleet_agent.lenient import Unknown
 from fleet_events import Envelope, Event
-from fleet_events.catalog import ALL_EVENTS
+from fleet_events.catalog import ALL_EVENTS, type_of
 from fleet_events.session import (
     CORE_MEMORY_LIMITS,
     CoreMemory,
@@ -105,10 +105,7 @@ def _skip(state: SessionState, data: Event) -> SessionState:
 
 
 def _type_name(data: Event) -> str:
-    if isinstance(data, Unknown):
-        return data.of_type
-    tag = type(data).__struct_config__.tag
-    return tag if isinstance(tag, str) else type(data).__name__
+    return data.of_type if isinstance(data, Unknown) else type_of(data)
 
 
 def _end_turn(state: SessionState, turn: str | None, answer: str | None) -> SessionState:
@@ -317,7 +314,7 @@ def replace_core_memory(
             f"{old!r} occurs {count} times in core-memory block {block!r}: quote a longer "
             "excerpt that occurs once",
         )
-    value = current.replace(old, new, 1)
+    value = current.replace(old, new)  # `old` occurs exactly once
     refused = _over_limit(block, "replace", value)
     if refused is not None:
         return refused

@@ -82,6 +82,11 @@ async def test_a_cell_that_swallows_the_interrupt_is_still_answered(box: LocalSa
     assert reply.kind == "error"
     assert "did not stop within 0.5 s" in reply.error
     assert value(await run(box, "before")) == 1
+    # later cells run on a fresh long-lived cell thread, never behind the stray (which holds
+    # the old one: each cell waited a second for it, then got a thread of its own)
+    names = [value(await run(box, "import threading\nthreading.current_thread().name"))
+             for _ in range(3)]  # fmt: skip
+    assert names == ["cell", "cell", "cell"]
 
 
 async def test_interrupt_with_nothing_running_says_so(box: LocalSandbox) -> None:

@@ -131,6 +131,7 @@ class Execution:
         self.raised = False
         self.interrupted = threading.Event()
         self.answered = False
+        self.on_cell_thread = False
         self.calls: set[int] = set()
 
     def write(self, text: str, cap: int) -> None:
@@ -460,7 +461,9 @@ class Runner:
         go, busy = threading.Lock(), threading.Lock()
         go.acquire()
         try:
-            threading.Thread(target=self.cell_thread, args=(go, busy), daemon=True).start()
+            threading.Thread(
+                target=self.cell_thread, args=(go, busy), name="cell", daemon=True
+            ).start()
         except RuntimeError:  # the process limit is spent: cells get threads of their own
             return
         self.cell_go, self.cell_busy = go, busy
@@ -476,6 +479,8 @@ class Runner:
                 pass  # the answer could not be sent: the channel is gone, and so is the runner
             finally:
                 busy.release()
+            if self.cell_go is not go:
+                return  # an interrupt gave up on this thread: a fresh one serves cells now
 
     def hand_to_cell_thread(self, execution: Execution) -> bool:
         if self.cell_go is None:
@@ -487,6 +492,7 @@ class Runner:
         if not (self.cell_busy.acquire(timeout=1) if alone else self.cell_busy.acquire(False)):
             return False
         self.cell_job = execution
+        execution.on_cell_thread = True
         self.cell_go.release()
         return True
 
@@ -571,6 +577,11 @@ class Runner:
             if execution is None or not self.claim_answer(execution):
                 self.interrupts.pop(exec_id, None)
                 continue
+            # its thread is a stray now: never waited for (reap_threads, the cell thread's
+            # busy lock); the next cell gets a fresh cell thread
+            self.threads.pop(exec_id, None)
+            if execution.on_cell_thread:
+                self.cell_go = self.cell_busy = None
             self.drain_output(execution)
             self.channel.send(
                 {
@@ -633,7 +644,9 @@ class Runner:
         self.dirty = True
         if self.hand_to_cell_thread(execution):
             return
-        thread = threading.Thread(target=self.thread_main, args=(execution,), daemon=True)
+        thread = threading.Thread(
+            target=self.thread_main, args=(execution,), name="cell-of-its-own", daemon=True
+        )
         self.threads[execution.id] = thread
         thread.start()
 

@@ -60,6 +60,11 @@ def test_an_empty_variable_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", settings.replica_for("agent"))
 
 
+def test_host_and_port_without_a_scheme_mean_nats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NATS_URL", "127.0.0.1:4222,tls://nats-2:4222")
+    assert load_settings().servers == ["nats://127.0.0.1:4222", "tls://nats-2:4222"]
+
+
 def test_settings_are_frozen() -> None:
     settings = load_settings()
     with pytest.raises(ValueError, match="frozen"):

@@ -33,7 +33,11 @@ class BadSetting(ValueError):
 def parse_servers(value: str) -> list[str]:
     """A URL or a comma-separated list of them, as the list nats-py takes (it reads a single
     string as one URL, commas and all). Raises ValueError without echoing the value."""
-    servers = [part.strip() for part in value.split(",")]
+    # `host:port` with no scheme means nats://, as it does to nats-py
+    servers = [
+        part if "://" in part or not part else f"nats://{part}"
+        for part in (raw.strip() for raw in value.split(","))
+    ]
     for index, server in enumerate(servers):
         where = f"server {index + 1} of {len(servers)}"
         if not server:

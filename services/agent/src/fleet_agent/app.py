@@ -5,7 +5,9 @@ worker (work items → turns run), each a shared durable consumer, so replicas a
 interchangeable and any one of them may die.
 """
 
-from fleet_agent.config import AgentSettings
+import sys
+
+from fleet_agent.config import AgentSettings, BadAgentSetting, load_settings
 from fleet_agent.dispatcher import Dispatcher
 from fleet_agent.runners import EchoRunner, ScriptedRunner, TurnRunner
 from fleet_agent.turn_log import TurnLog
@@ -60,4 +62,14 @@ async def setup(ctx: service.ServiceContext, settings: AgentSettings | None = No
 
 
 def main() -> None:
-    service.run("agent", setup)
+    """A bad `FLEET_AGENT_*` setting ends the process before it connects, with one line that
+    says which variable and what it may be (exit code 1)."""
+    try:
+        settings = load_settings()
+    except BadAgentSetting as exc:
+        sys.exit(f"agent: {exc}")
+
+    async def configured(ctx: service.ServiceContext) -> None:
+        await setup(ctx, settings)
+
+    service.run("agent", configured)

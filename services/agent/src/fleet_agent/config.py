@@ -4,7 +4,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet_events import streams
@@ -44,3 +44,21 @@ class AgentSettings(BaseSettings):
 
     def dispatch_consumer(self) -> streams.ConsumerSpec:
         return replace(streams.TURN_DISPATCH, ack_wait_s=self.ack_wait_s)
+
+
+class BadAgentSetting(ValueError):
+    """A `FLEET_AGENT_*` variable that cannot be used; the message names it and what it may be."""
+
+
+def load_settings() -> AgentSettings:
+    """Read the environment once; raise `BadAgentSetting` naming every variable that is wrong
+    (its value is not echoed: a setting may one day hold something private)."""
+    try:
+        return AgentSettings()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False, include_input=False):
+            field = ".".join(str(part) for part in error["loc"])
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"FLEET_AGENT_{field.upper()}: {message}" if field else message)
+        raise BadAgentSetting("bad agent setting: " + "; ".join(problems)) from None

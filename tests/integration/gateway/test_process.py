@@ -2,6 +2,7 @@
 bus, the bus document beside the OpenAPI, a clean exit on SIGTERM."""
 
 import asyncio
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,23 @@ def test_a_bad_gateway_setting_stops_it_with_one_line_naming_the_variable(
         "gateway: bad setting: FLEET_GATEWAY_PORT: Input should be a valid integer, "
         "unable to parse string as an integer"
     ]
+
+
+def test_a_gateway_whose_port_is_taken_says_so_and_exits_non_zero(nats_server: NatsServer) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = base_env(nats_server.url, "gateway-0") | {"FLEET_GATEWAY_PORT": str(port)}
+        done = subprocess.run(
+            [sys.executable, "-m", "fleet_gateway"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode != 0
+    said = messages(done.stderr)
+    assert any("address already in use" in line for line in said), said
+    # the runtime still ran its stop (the bus connection closed, not abandoned)
+    assert said[-2:] == ["stopping", "stopped"]

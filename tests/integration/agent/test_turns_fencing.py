@@ -3,17 +3,19 @@ replica folds the log, the replica that took its turn over appends `TurnStarted(
 then the frozen one appends what it decided. Its append is refused (the log moved past the head
 it folded at), it folds again, finds its attempt superseded, and records nothing."""
 
+import asyncio
 import logging
 from pathlib import Path
 
 import msgspec
+from nats.aio.subscription import Subscription
 
-from fleet_agent.runners import EchoRunner
+from fleet_agent.runners import CancelToken, EchoRunner, ScriptedRunner
 from fleet_agent.turn_log import TurnLog
 from fleet_agent.turns import SessionTurns
 from fleet_agent.worker import TurnWorker
 from fleet_events import Actor, Event, new_id
-from fleet_events.session import TurnRequested, TurnStarted, TurnWork
+from fleet_events.session import TurnCancelled, TurnRequested, TurnStarted, TurnWork
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import AppendConflict, Appended, Head
 from fleet_mesh.work import Delivery, Settle
@@ -81,3 +83,34 @@ async def test_a_frozen_replicas_append_is_refused_and_it_records_nothing(
             ("taker", 2),
         ]
         assert not [f for f in facts if isinstance(f, TERMINAL)]
+
+
+class DeafWorker(TurnWorker):
+    """A worker whose core subscription hears nothing, as across a reconnect."""
+
+    async def _watch_cancels(self, work: TurnWork, token: CancelToken) -> Subscription:
+        return await self._nc.subscribe(f"_deaf.{new_id()}")
+
+
+async def test_a_cancel_the_subscription_missed_is_read_from_the_log(
+    server: NatsServer, tmp_path: Path
+) -> None:
+    async with mesh(server, tmp_path) as m:
+        t, turn = f"t-{new_id()[:8]}", new_id()
+        seq = await m.append(t, "s", turn, TurnRequested(message="one [hold:deaf] two"))
+        worker = DeafWorker(
+            m.nc, TurnLog(m.store, m.codec, FROZEN), m.codec, ScriptedRunner(tmp_path),
+            replica=FROZEN.replica, max_attempts=3, logger=logging.getLogger("test"),
+            cancel_poll_s=0.1,
+        )  # fmt: skip
+        work = TurnWork(tenant=t, session="s", turn=turn, requested_seq=seq)
+        delivery = Delivery(
+            subject="fleet.work.agent.turn", data=msgspec.json.encode(work), headers={},
+            stream_seq=1, attempt=1,
+        )  # fmt: skip
+        handling = asyncio.create_task(worker.handle(delivery))
+        await m.reached("deaf")
+        await m.cancel(t, "s", turn, reason="missed by the subscription")
+        assert await asyncio.wait_for(handling, 20) is Settle.ACK
+        ended = await m.ended(t, "s", turn)
+        assert ended == TurnCancelled(reason="missed by the subscription", partial="one", attempt=1)

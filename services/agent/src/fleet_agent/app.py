@@ -36,6 +36,7 @@ async def setup(ctx: service.ServiceContext, settings: AgentSettings | None = No
     worker = TurnWorker(
         ctx.nc, turn_log, codec, make_runner(settings),
         replica=ctx.replica, max_attempts=settings.max_attempts, logger=ctx.log,
+        cancel_poll_s=settings.ack_wait_s / 3,
     )  # fmt: skip
     turns = WorkConsumer(
         ctx.js, settings.turn_consumer(), worker.handle, slots=settings.turn_slots, log=ctx.log

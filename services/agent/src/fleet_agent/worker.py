@@ -9,10 +9,12 @@ its turn taken over (`turns.finish` answers `Superseded`: it records nothing and
 delivery, which is no longer its own, untouched).
 
 While a turn runs the worker listens on the session's log subject (core NATS sees every
-message the stream stores) for a `CancelRequested` naming it; the runner sees the token at its
-next step boundary.
+message the stream stores) for a `CancelRequested` naming it, and reads the log's tail every
+`cancel_poll_s` for one the subscription missed; the runner sees the token at its next step
+boundary.
 """
 
+import asyncio
 import logging
 
 import msgspec
@@ -53,6 +55,7 @@ class TurnWorker:
         replica: str,
         max_attempts: int,
         logger: logging.Logger,
+        cancel_poll_s: float = 10.0,
     ) -> None:
         self._nc = nc
         self._log = log
@@ -61,6 +64,7 @@ class TurnWorker:
         self._replica = replica
         self._max_attempts = max_attempts
         self._logger = logger
+        self._cancel_poll_s = cancel_poll_s
         self._decode = msgspec.json.Decoder(TurnWork).decode
 
     async def handle(self, delivery: Delivery) -> Settle:
@@ -74,9 +78,11 @@ class TurnWorker:
             return Settle.TERM
         token = CancelToken()
         sub = await self._watch_cancels(work, token)
+        poll = asyncio.create_task(self._poll_cancels(work, token))
         try:
             return await self._take(work, delivery, token)
         finally:
+            poll.cancel()
             await sub.unsubscribe()
 
     async def _watch_cancels(self, work: TurnWork, token: CancelToken) -> Subscription:
@@ -94,6 +100,20 @@ class TurnWorker:
                 token.cancel(envelope.data.reason)
 
         return await self._nc.subscribe(log_subject(work.tenant, work.session), cb=on_message)
+
+    async def _poll_cancels(self, work: TurnWork, token: CancelToken) -> None:
+        """The core subscription misses what is stored while the connection is down: every
+        `cancel_poll_s` the log's tail (one round trip, the fold is kept) is read as well."""
+        while not token.cancelled:
+            await asyncio.sleep(self._cancel_poll_s)
+            try:
+                state, _ = await self._log.load(work.tenant, work.session)
+            except Exception:
+                self._logger.warning("cancel poll failed", exc_info=True)
+                continue
+            record = state.turns.get(work.turn)
+            if record is not None and record.cancel_requested:
+                token.cancel(record.cancel_reason)
 
     async def _take(self, work: TurnWork, delivery: Delivery, token: CancelToken) -> Settle:
         for _ in range(CONFLICT_TRIES):

@@ -57,6 +57,7 @@ class TreeOpened(Event, frozen=True, kw_only=True, tag="budget.tree_opened"):
     max_cost: float | None = None
     tenant_day: str = ""
     root_run: str | None = None
+    max_steps_per_run: int | None = None
 
 
 class OpenRefused(Event, frozen=True, kw_only=True, tag="budget.open_refused"):
@@ -68,12 +69,17 @@ class OpenRefused(Event, frozen=True, kw_only=True, tag="budget.open_refused"):
 
 
 class Granted(Event, frozen=True, kw_only=True, tag="budget.granted"):
-    """`calls` LLM calls granted to `run`, all at once; totals as of this ledger position."""
+    """`calls` LLM calls granted to `run`, all at once; totals as of this ledger position.
+
+    A `step` grant (a run's own action or extract call) leaves `granted_total` and `remaining`
+    as they were: those count the tree's `max_llm_calls`, which step calls do not draw on.
+    """
 
     run: str
     calls: int
     granted_total: int
     remaining: int
+    kind: str = "sub"
 
 
 class GrantRefused(Event, frozen=True, kw_only=True, tag="budget.grant_refused"):
@@ -187,6 +193,9 @@ class OpenTree(msgspec.Struct, frozen=True, kw_only=True):
     session: str | None = None
     turn: str | None = None
     root_run: str | None = None
+    max_steps_per_run: int | None = None
+    """How many `step` grants one run of the tree may get (its `max_iters` plus the extract
+    step); None leaves them bounded by the engine's `max_iters` alone."""
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,6 +9,7 @@ event would make replaying a tree quadratic.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleet_budget.errors import Malformed, UnknownTree
@@ -79,6 +80,10 @@ class TreeState:
     cost_used: float = 0.0
     calls_recorded: int = 0
     refusals: int = 0
+    max_steps_per_run: int | None = None
+    steps: dict[str, int] = field(default_factory=dict)
+    """`step` calls granted per run: a run's own action and extract calls, which `max_iters`
+    bounds and `max_llm_calls` does not count (DESIGN.md §5)."""
     decisions: dict[str, Event] = field(default_factory=dict)
 
     @property
@@ -131,6 +136,8 @@ def validate(command: Command) -> None:
                 _count("max_tokens", command.max_tokens, low=1)
             if command.max_cost is not None:
                 _money("max_cost", command.max_cost, positive=True)
+            if command.max_steps_per_run is not None:
+                _count("max_steps_per_run", command.max_steps_per_run, low=1, high=10_000)
         case Grant():
             _ids(request_id=command.request_id, tree=command.tree, run=command.run)
             _count("calls", command.calls, low=1, high=MAX_CALLS_PER_GRANT)
@@ -161,6 +168,8 @@ def _original(state: TreeState, command: Command) -> Decision | None:
     same = verb == _VERB_OF_COMMAND[type(command)]
     if same and isinstance(command, Grant | RecordUsage):
         same = getattr(event, "calls", None) == command.calls
+    if same and isinstance(command, Grant) and isinstance(event, Granted):
+        same = event.kind == command.kind
     if not same:
         raise Malformed(
             f"request_id {command.request_id!r} already answered a different request "
@@ -220,6 +229,7 @@ def _open(state: TreeState, command: OpenTree, tenant_day: str) -> Event:
         max_cost=command.max_cost,
         tenant_day=tenant_day,
         root_run=command.root_run,
+        max_steps_per_run=command.max_steps_per_run,
     )
 
 
@@ -237,6 +247,8 @@ def _grant(state: TreeState, command: Grant) -> Granted | GrantRefused:
 
     if state.closed:
         return refuse("tree_closed", f"tree {state.tree!r} is closed")
+    if command.kind == "step":
+        return _grant_step(state, command, refuse)
     if command.calls > remaining:
         return refuse(
             "calls_exhausted",
@@ -251,6 +263,32 @@ def _grant(state: TreeState, command: Grant) -> Granted | GrantRefused:
         calls=command.calls,
         granted_total=state.granted + command.calls,
         remaining=remaining - command.calls,
+    )
+
+
+def _grant_step(
+    state: TreeState, command: Grant, refuse: Callable[[RefusalReason, str], GrantRefused]
+) -> Granted | GrantRefused:
+    """A run's own step: bounded per run (its `max_iters`), not by the tree's call count;
+    token and cost caps still hold, since a step's tokens cost the same as any other's."""
+    used = state.steps.get(command.run, 0)
+    cap = state.max_steps_per_run
+    if cap is not None and used + command.calls > cap:
+        return refuse(
+            "calls_exhausted",
+            f"run {command.run!r} asked for {command.calls} step call(s) with {used} of its "
+            f"{cap} used (max_iters plus the extract step)",
+        )
+    if state.max_tokens is not None and state.tokens_used >= state.max_tokens:
+        return refuse("tokens_exhausted", f"{state.tokens_used} of {state.max_tokens} tokens used")
+    if state.max_cost is not None and state.cost_used >= state.max_cost:
+        return refuse("cost_exhausted", f"cost {state.cost_used:.4f} of {state.max_cost:.4f}")
+    return Granted(
+        run=command.run,
+        calls=command.calls,
+        granted_total=state.granted,
+        remaining=state.remaining,
+        kind="step",
     )
 
 
@@ -303,6 +341,9 @@ def evolve(state: TreeState, event_id: str, event: Event) -> TreeState:
             state.max_tokens = event.max_tokens
             state.max_cost = event.max_cost
             state.tenant_day = event.tenant_day
+            state.max_steps_per_run = event.max_steps_per_run
+        case Granted(kind="step"):
+            state.steps[event.run] = state.steps.get(event.run, 0) + event.calls
         case Granted():
             state.granted = event.granted_total
         case UsageRecorded():

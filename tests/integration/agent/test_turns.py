@@ -17,6 +17,7 @@ from fleet_events.session import (
     TurnFailed,
     TurnRefused,
     TurnStarted,
+    log_subject,
 )
 from fleet_harness.waits import eventually
 from fleet_mesh.natsserver import NatsServer
@@ -228,3 +229,16 @@ async def test_a_failing_runner_ends_the_turn_without_leaking_its_error_text(
     assert "scripted failure" not in ended.error  # the exception's own text stays in the log
     terminal = [f for f in await m.of_turn(t, "s", turn) if isinstance(f, TERMINAL)]
     assert len(terminal) == 1
+
+
+async def test_a_message_too_large_to_store_inline_still_runs(
+    m: Mesh, one_agent: ServiceContext
+) -> None:
+    """Over 256 KiB the request (and the answer) live in the object store behind a stub."""
+    t = tenant()
+    message = " ".join(f"w{i}" for i in range(60_000))  # ~400 KB
+    turn = await m.request(t, "s", message)
+    ended = await m.wait_ended(t, "s", turn)
+    assert ended == TurnCompleted(answer=message)
+    raw = [r async for r in m.store.read_raw(log_subject(t, "s"))]
+    assert all(len(r.data) < 64 * 1024 for r in raw)  # every stored one is a stub or small

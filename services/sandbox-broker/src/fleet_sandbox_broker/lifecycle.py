@@ -16,7 +16,6 @@ sandbox exactly one acts. Without this a dead replica's workspaces stayed on dis
 old uids, and the uid pool handed those uids to other tenants' new sandboxes (issue 8).
 """
 
-import logging
 from pathlib import Path
 
 import stamina
@@ -32,7 +31,7 @@ from fleet_mesh import rpc
 from fleet_sandbox_broker import domain
 from fleet_sandbox_broker.broker import Broker, Held
 
-log = logging.getLogger("fleet.sandbox.lifecycle")
+RETRY_WAIT_S = (0.5, 30.0)  # first and longest wait between reconcile attempts
 
 
 async def reconcile_until_done(broker: Broker) -> None:
@@ -40,8 +39,9 @@ async def reconcile_until_done(broker: Broker) -> None:
     broker from answering), retrying with backoff for as long as the broker runs: giving up
     would leave a dead replica's workspaces on disk for good."""
     async for attempt in stamina.retry_context(
-        on=Exception, attempts=None, timeout=None, wait_initial=0.5, wait_max=30.0
-    ):
+        on=Exception, attempts=None, timeout=None, wait_initial=RETRY_WAIT_S[0],
+        wait_max=RETRY_WAIT_S[1],
+    ):  # fmt: skip
         with attempt:
             try:
                 await reconcile(broker)

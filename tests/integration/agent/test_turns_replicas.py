@@ -15,7 +15,7 @@ from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually
 from fleet_mesh.natsserver import NatsServer
 
-from .turn_kit import TERMINAL, Mesh, agent_env, launcher, mesh, wait_ready
+from .turn_kit import TERMINAL, Mesh, agent, agent_env, launcher, mesh, settings, wait_ready
 from .turn_kit import server as server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -137,3 +137,26 @@ async def test_a_replica_frozen_past_its_deadline_then_thawed_records_nothing(
             await assert_ended_once(m, t, "s", turn)
     finally:
         launch.stop_all()
+
+
+async def test_a_nats_server_killed_mid_turn_loses_and_duplicates_nothing(
+    tmp_path: Path, barriers: Path
+) -> None:
+    """DESIGN §7.2 for the server: SIGKILL nats-server (`sync_interval: always`) while a turn
+    is held, start it again on the same store; the agent reconnects and ends the turn once."""
+    nats = NatsServer(
+        store_dir=tmp_path / "durable", sync_interval="always", log_path=tmp_path / "n.log"
+    ).start()
+    try:
+        async with mesh(nats, barriers) as m, agent(nats, settings(barriers)):
+            t = f"t-{new_id()[:8]}"
+            turn = await m.request(t, "s", "across [hold:n] restarts")
+            await m.reached("n")
+            nats.kill()
+            nats.start()
+            m.release("n")
+            ended = await m.wait_ended(t, "s", turn, timeout=60)
+            assert ended == TurnCompleted(answer="across restarts")
+            await assert_ended_once(m, t, "s", turn)
+    finally:
+        nats.stop()

@@ -94,3 +94,23 @@ async def test_interrupt_with_nothing_running_says_so(box: LocalSandbox) -> None
     assert value(await run(box, "1 + 1")) == 2
     assert await box.interrupt("main") is False
     assert await box.interrupt("no-such-context") is False
+
+
+@pytest.mark.slow
+async def test_a_runner_too_wedged_to_answer_is_stopped_with_its_cell(local: LocalProvider) -> None:
+    """The cell SIGSTOPs its whole process: nothing in it can answer the interrupt, so the
+    sandbox is stopped (the cell with it) once the interrupt's own deadline passes. (Without
+    checkpoints: with them, a retired checkpoint exiting orphans the stopped process group and
+    the kernel continues it.)"""
+    box = await local.create("wedged", LIMITS, fork_ready=False)
+    try:
+        stop = "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)"
+        cell = asyncio.create_task(run(box, stop))
+        await eventually(lambda: box.executing("main"), timeout=10, what="the cell sent")
+        assert await box.interrupt("main") is True
+        reply = await asyncio.wait_for(cell, 10)
+        assert reply.kind == "terminal"
+        assert "did not answer an interrupt within 5 s" in reply.error
+        assert box.stopped_limit == "protocol"
+    finally:
+        await box.destroy()

@@ -351,9 +351,21 @@ class LocalSandbox:
         if not running or not self.running:
             return False
         req = new_id()
-        answer = await self._request(
-            frames.Interrupt(exec=running[0], ctx=context, req=req), req, INTERRUPT_TIMEOUT_S
-        )
+        try:
+            answer = await self._request(
+                frames.Interrupt(exec=running[0], ctx=context, req=req), req, INTERRUPT_TIMEOUT_S
+            )
+        except SandboxStopped:
+            return False  # stopped meanwhile (a limit): nothing runs there any more
+        except TimeoutError:
+            # the runner's main thread never blocks this long: it is wedged, so the cell is
+            # stopped the only way left, with its sandbox
+            await self.stop(
+                f"the sandbox did not answer an interrupt within {INTERRUPT_TIMEOUT_S:g} s; "
+                "it was stopped and its REPL state is lost",
+                "protocol",
+            )
+            return True
         return bool(answer.running)
 
     def _arm(self, pending: _Exec) -> None:

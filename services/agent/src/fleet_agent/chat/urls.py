@@ -204,7 +204,8 @@ class UrlLoader:
             raise UrlRefused(
                 f"cannot connect to {target.host!r} ({ip}): {type(exc).__name__}"
             ) from None
-        conn: http.client.HTTPConnection
+        conn: http.client.HTTPConnection | None = None
+        response: http.client.HTTPResponse | None = None
         try:
             sock.settimeout(self._read_timeout)
             if target.scheme == "https":
@@ -245,6 +246,11 @@ class UrlLoader:
                 f"{url[:200]!r} could not be read ({type(exc).__name__}): nothing was loaded"
             ) from None
         finally:
+            # the response's file object holds the socket open on its own: close both
+            if response is not None:
+                response.close()
+            if conn is not None:
+                conn.close()
             sock.close()
 
     def _too_big(self, url: str) -> str:

@@ -57,8 +57,10 @@ class BrokerSettings(BaseSettings):
     # answers remembered for retries, by encoded size (not count: one `list` page or one
     # execution can be a megabyte)
     reply_cache_bytes: int = Field(default=64 * MIB, ge=MIB)
-    # live (not deleted) sandboxes one tenant may hold, across replicas (a uid each)
-    tenant_quota: int = Field(default=32, ge=1)
+    # live (not deleted) sandboxes one tenant may hold, across replicas (a uid each): room for
+    # a few turns' recursive trees at once (depth 3, fan-out 4 holds up to 85), while 32
+    # tenants at their quota still fit in the default 4096 uids
+    tenant_quota: int = Field(default=128, ge=1)
     list_page_max: int = Field(default=500, ge=1)
     limit_bounds: dict[str, tuple[float, float]] = Field(default_factory=lambda: dict(LIMIT_BOUNDS))
     memory_mb: int = Field(default=1024, ge=64)

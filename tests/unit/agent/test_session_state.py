@@ -1,5 +1,6 @@
 """The session fold, event by event, and the core-memory and input decisions."""
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -468,7 +469,7 @@ def test_the_fold_has_a_name_a_version_and_a_snapshot_type() -> None:
     ("decided", "expected"),
     [
         (
-            append_core_memory(CoreMemory(), "notes", "x"),
+            lambda: append_core_memory(CoreMemory(), "notes", "x"),
             CoreMemoryRefused(
                 block="notes", op="append", reason="unknown_block", limit=0, length=0,
                 message="there is no core-memory block 'notes': use one of persona, human, "
@@ -476,14 +477,14 @@ def test_the_fold_has_a_name_a_version_and_a_snapshot_type() -> None:
             ),
         ),
         (
-            append_core_memory(CoreMemory(), "human", " "),
+            lambda: append_core_memory(CoreMemory(), "human", " "),
             CoreMemoryRefused(
                 block="human", op="append", reason="empty", limit=2000, length=0,
                 message="nothing to append: give the text to add",
             ),
         ),
         (
-            append_core_memory(CoreMemory(persona="p"), "persona", "y" * 1999),
+            lambda: append_core_memory(CoreMemory(persona="p"), "persona", "y" * 1999),
             CoreMemoryRefused(
                 block="persona", op="append", reason="over_limit", limit=2000, length=2001,
                 message="core-memory block 'persona' would hold 2001 characters, over its limit "
@@ -491,7 +492,7 @@ def test_the_fold_has_a_name_a_version_and_a_snapshot_type() -> None:
             ),
         ),
         (
-            replace_core_memory(CoreMemory(), "soul", "a", "b"),
+            lambda: replace_core_memory(CoreMemory(), "soul", "a", "b"),
             CoreMemoryRefused(
                 block="soul", op="replace", reason="unknown_block", limit=0, length=0,
                 message="there is no core-memory block 'soul': use one of persona, human, "
@@ -499,21 +500,21 @@ def test_the_fold_has_a_name_a_version_and_a_snapshot_type() -> None:
             ),
         ),
         (
-            replace_core_memory(CoreMemory(human="h"), "human", "", "b"),
+            lambda: replace_core_memory(CoreMemory(human="h"), "human", "", "b"),
             CoreMemoryRefused(
                 block="human", op="replace", reason="empty", limit=2000, length=0,
                 message="give the exact text to replace (old)",
             ),
         ),
         (
-            replace_core_memory(CoreMemory(human="h"), "human", "z", "b"),
+            lambda: replace_core_memory(CoreMemory(human="h"), "human", "z", "b"),
             CoreMemoryRefused(
                 block="human", op="replace", reason="not_found", limit=2000, length=0,
                 message="'z' is not in core-memory block 'human': quote its current text exactly",
             ),
         ),
         (
-            replace_core_memory(CoreMemory(human="a-a-a"), "human", "a", "b"),
+            lambda: replace_core_memory(CoreMemory(human="a-a-a"), "human", "a", "b"),
             CoreMemoryRefused(
                 block="human", op="replace", reason="ambiguous", limit=2000, length=0,
                 message="'a' occurs 3 times in core-memory block 'human': quote a longer "
@@ -521,7 +522,7 @@ def test_the_fold_has_a_name_a_version_and_a_snapshot_type() -> None:
             ),
         ),
         (
-            replace_core_memory(CoreMemory(scratchpad="ab"), "scratchpad", "b", "c" * 1000),
+            lambda: replace_core_memory(CoreMemory(scratchpad="ab"), "scratchpad", "b", "c" * 1000),
             CoreMemoryRefused(
                 block="scratchpad", op="replace", reason="over_limit", limit=1000, length=1001,
                 message="core-memory block 'scratchpad' would hold 1001 characters, over its "
@@ -530,8 +531,10 @@ def test_the_fold_has_a_name_a_version_and_a_snapshot_type() -> None:
         ),
     ],
 )  # fmt: skip
-def test_each_memory_refusal_in_full(decided: Event, expected: CoreMemoryRefused) -> None:
-    assert decided == expected
+def test_each_memory_refusal_in_full(
+    decided: Callable[[], Event], expected: CoreMemoryRefused
+) -> None:
+    assert decided() == expected
 
 
 def test_each_input_refusal_in_full() -> None:

@@ -9,6 +9,7 @@ import sys
 
 from fleet_agent.config import AgentSettings, BadAgentSetting, load_settings
 from fleet_agent.dispatcher import Dispatcher
+from fleet_agent.engine.runner import engine_runner
 from fleet_agent.runners import EchoRunner, ScriptedRunner, TurnRunner
 from fleet_agent.turn_log import TurnLog
 from fleet_agent.worker import TurnWorker
@@ -33,8 +34,9 @@ async def setup(ctx: service.ServiceContext, settings: AgentSettings | None = No
     codec = Codec(await JetStreamBlobs.open(ctx.js))
     turn_log = TurnLog(store, codec, ctx.actor)
     dispatcher = Dispatcher(ctx.js, turn_log, ctx.log)
+    runner = await engine_runner(ctx) if settings.runner == "rlm" else make_runner(settings)
     worker = TurnWorker(
-        ctx.nc, turn_log, codec, make_runner(settings),
+        ctx.nc, turn_log, codec, runner,
         replica=ctx.replica, max_attempts=settings.max_attempts, logger=ctx.log,
         cancel_poll_s=settings.ack_wait_s / 3,
     )  # fmt: skip

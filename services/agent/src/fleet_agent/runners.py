@@ -58,6 +58,9 @@ class CancelToken:
 @dataclass(frozen=True)
 class Answered:
     answer: str
+    root_head_hash: str = ""
+    """The root run's chain head, when the runner keeps a run record (`TurnCompleted` ties
+    it in)."""
 
 
 @dataclass(frozen=True)

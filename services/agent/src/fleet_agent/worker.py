@@ -179,5 +179,5 @@ class TurnWorker:
                 attempt=turn.attempt,
             )
         if isinstance(result, Answered):
-            return TurnCompleted(answer=result.answer)
+            return TurnCompleted(answer=result.answer, root_head_hash=result.root_head_hash)
         return TurnCancelled(reason=token.reason, partial=result.partial, attempt=turn.attempt)

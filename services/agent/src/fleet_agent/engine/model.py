@@ -1,0 +1,160 @@
+"""What the engine is called with and what it answers: the contract the chat agent builds on.
+
+`RunContext` holds only names and handles, no behaviour, so the chat agent, the turn runner
+and a child-run worker build it the same way. Ids that a resumed run must find again (the root
+run of a turn, a child run of a call, the turn's tree) are derived, not drawn at random: a
+later attempt of the same turn lands on the same run subject and the same budget tree, and
+the record it finds there is its own (issue 16 resumes from it; today a second attempt is
+refused by the store's head check instead of writing a second history).
+"""
+
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet_agent.lm import LmServices
+from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import Actor
+from fleet_mesh.store import EventStore
+
+DEFAULT_SIGNATURE = "task -> answer"
+
+
+def derived_id(*parts: str) -> str:
+    """A subject-safe id fixed by `parts` (32 hex characters, like `new_id`)."""
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:32]
+
+
+def root_run_id(tenant: str, session: str, turn: str) -> str:
+    return derived_id("root-run", tenant, session, turn)
+
+
+def tree_id(tenant: str, session: str, turn: str) -> str:
+    return derived_id("tree", tenant, session, turn)
+
+
+def child_run_id(parent_run: str, call_id: str, index: int) -> str:
+    return derived_id("child-run", parent_run, call_id, str(index))
+
+
+@dataclass(frozen=True)
+class RlmTask:
+    """One RLM run: `signature` over `inputs`; `answer_field` is the output a parent reads.
+
+    `max_llm_calls` is the whole tree's cap on sub calls (llm_query, facade sub-agents, child
+    runs' calls), `max_iters` each run's own cap on steps; `max_depth` bounds recursion.
+    """
+
+    inputs: dict[str, Any]
+    signature: str = DEFAULT_SIGNATURE
+    answer_field: str = "answer"
+    max_iters: int = 10
+    max_llm_calls: int = 50
+    max_depth: int = 3
+    max_output_chars: int = 10_000
+    planner_role: str = "planner"
+    delegate_role: str = "delegate"
+    cell_wall_s: float | None = None
+
+
+@dataclass(frozen=True)
+class EngineMesh:
+    """The engine's handles, all bound to `bus`'s loop (dspy calls them from its threads).
+
+    One per tenant and replica: the bus names its tenant in every sandbox request.
+    """
+
+    bus: SandboxBus
+    lm: LmServices
+    store: EventStore
+    actor: Actor
+
+
+class CancelFlag:
+    """A cancel visible to dspy's threads: the turn's asyncio token lives on another loop."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._hooks: dict[int, Callable[[], object]] = {}
+        self._next = 0
+        self.reason = ""
+
+    def set(self, reason: str) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self.reason = reason
+            self._event.set()
+            hooks = list(self._hooks.values())
+        for hook in hooks:
+            hook()
+
+    def on_set(self, hook: Callable[[], object]) -> Callable[[], None]:
+        """Call `hook` when the flag is set (at once if it is); returns its release."""
+        with self._lock:
+            self._next += 1
+            key = self._next
+            self._hooks[key] = hook
+            already = self._event.is_set()
+        if already:
+            hook()
+
+        def release() -> None:
+            with self._lock:
+                self._hooks.pop(key, None)
+
+        return release
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+    @property
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class RunContext:
+    """Where a run runs: its session and turn, its budget tree, its place in the tree, its
+    sandbox, and the flag that cancels it. `sandbox` is the sandbox whose REPL contexts the
+    run's interpreters open (the session's, or a child sandbox from `build_child`)."""
+
+    tenant: str
+    session: str
+    turn: str
+    run: str
+    tree: str
+    sandbox: str
+    mesh: EngineMesh
+    depth: int = 0
+    parent_run: str | None = None
+    parent_call: str = ""
+    cancel: CancelFlag = field(default_factory=CancelFlag)
+
+
+@dataclass(frozen=True)
+class RlmResult:
+    """How the run ended. `status` is `completed`, `failed` or `cancelled`; `head_hash` is
+    the run chain's head after its terminal event (a parent's `ChildRunCompleted` and the
+    turn's `TurnCompleted` carry it)."""
+
+    status: str
+    answer: str = ""
+    outputs: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    iterations: int = 0
+    llm_calls: int = 0
+    head_hash: str = ""
+    retryable: bool = False
+
+
+class RunFenced(RuntimeError):
+    """Another holder appended to this run's subject: this replica's view of the run is stale
+    (it froze past its deadline and the run was taken over). It stops and records nothing."""
+
+
+class RunCancelledError(Exception):
+    """Raised inside dspy's loop at a step boundary once the run's cancel flag is set."""

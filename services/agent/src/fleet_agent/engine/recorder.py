@@ -1,0 +1,132 @@
+"""The run's record: every step appended to `fleet.session.<t>.<s>.run.<run>` as it happens.
+
+Appends are made against the head this recorder last wrote (`expect=`), one at a time under a
+lock, from whichever thread dspy is on: the run subject has one writer, so a head that moved
+means another replica holds the run now, and the recorder raises `RunFenced` instead of
+writing a fork of its chain. Positions (`index` of a model call, `cell_id` of a cell) are
+handed out here, in the order things happen, so a resumed run can find each result again by
+its place in the run (docs/agent.md, "Resume and replay").
+
+Request messages and responses over `INLINE_BYTES` go to the object store and the event
+carries a `BlobRef`: token and cost fields stay readable to projections that never fetch a
+prompt, and the envelope stays small.
+"""
+
+import asyncio
+import threading
+from typing import Any
+
+import msgspec
+
+from fleet_agent.engine.model import RunContext, RunFenced
+from fleet_events import Envelope, Event, new_id, utc_now
+from fleet_events.bus import LiveDelta
+from fleet_events.envelope import BlobRef
+from fleet_events.run import LlmCalled
+from fleet_events.session import run_subject
+from fleet_events.subjects import live
+from fleet_mesh.store import EMPTY, AppendConflict, Head
+
+INLINE_BYTES = 32 * 1024
+APPEND_TIMEOUT_S = 30.0
+
+_json = msgspec.json.Encoder()
+
+
+class RunRecorder:
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.subject = run_subject(ctx.tenant, ctx.session, ctx.run)
+        self.head: Head = EMPTY
+        self.events = 0
+        self._lock = threading.Lock()  # positions only; never held across an await
+        self._append_lock: asyncio.Lock | None = None
+        self._counter = 0
+        self._cells = 0
+        self.llm_calls = 0
+        self.current_cell = ""
+        self.last_step_call = ""
+
+    # -- positions ---------------------------------------------------------------------------
+
+    def next_grant_id(self) -> str:
+        """The grant id of the run's next model call; its `index` is read back from it."""
+        with self._lock:
+            self._counter += 1
+            return f"{self.ctx.run}-g{self._counter}"
+
+    def next_cell_id(self) -> str:
+        with self._lock:
+            self._cells += 1
+            return f"{self.ctx.run}-c{self._cells}"
+
+    # -- appends -----------------------------------------------------------------------------
+
+    def record(self, event: Event) -> Head:
+        """Append from a dspy thread (never from the bus's own loop)."""
+        return self.ctx.mesh.bus.run(self._append(event), timeout=APPEND_TIMEOUT_S)
+
+    async def arecord(self, event: Event) -> Head:
+        """Append from a coroutine on any loop but the bus's."""
+        future = self.ctx.mesh.bus.submit(self._append(event))
+        return await asyncio.wrap_future(future)
+
+    async def _append(self, event: Event) -> Head:
+        ctx = self.ctx
+        envelope = Envelope(
+            id=new_id(), tenant=ctx.tenant, session=ctx.session, turn=ctx.turn, run=ctx.run,
+            parent_run=ctx.parent_run, actor=ctx.mesh.actor, ts=utc_now(), data=event,
+            correlation=ctx.turn,
+        )  # fmt: skip
+        # one writer per run: appends run on the bus loop, one at a time, in the order made
+        if self._append_lock is None:
+            self._append_lock = asyncio.Lock()
+        async with self._append_lock:
+            try:
+                appended = await ctx.mesh.store.append(self.subject, envelope, expect=self.head)
+            except AppendConflict as exc:
+                raise RunFenced(
+                    f"run {ctx.run} was appended to by another holder: this replica stops"
+                ) from exc
+            self.head = appended.head
+            self.events += 1
+            return self.head
+
+    # -- model calls -------------------------------------------------------------------------
+
+    def on_llm_call(self, event: LlmCalled) -> None:
+        """What the budgeted LM hands over after each call: placed, offloaded, appended."""
+        index = int(event.grant_id.rsplit("-g", 1)[1]) if "-g" in event.grant_id else 0
+        messages: Any = event.messages
+        response: Any = event.response
+        if len(_json.encode(messages)) > INLINE_BYTES:
+            messages = self._blob(_json.encode(messages))
+        if isinstance(response, str) and len(response.encode()) > INLINE_BYTES:
+            response = self._blob(response.encode())
+        call_id = f"{self.ctx.run}-l{index}"
+        with self._lock:
+            self.llm_calls += 1
+            if event.request_kind == "step":
+                self.last_step_call = call_id
+        self.record(
+            msgspec.structs.replace(
+                event,
+                call_id=call_id,
+                index=index,
+                cell=self.current_cell,
+                messages=messages,
+                response=response,
+            )
+        )
+
+    def _blob(self, data: bytes) -> BlobRef:
+        return self.ctx.mesh.bus.put_blob(data)
+
+    # -- live deltas -------------------------------------------------------------------------
+
+    def live(self, kind: str, text: str) -> None:
+        """An unpersisted delta on the session's live subject (the persisted event follows)."""
+        delta = LiveDelta(kind=kind, run=self.ctx.run, text=text)
+        subject = live(self.ctx.tenant, self.ctx.session)
+        nc = self.ctx.mesh.bus.nc
+        self.ctx.mesh.bus.run(nc.publish(subject, _json.encode(delta)), timeout=5)

@@ -1,0 +1,378 @@
+"""The recursive engine: one `dspy.RLM` run over the mesh, every step in the run's record.
+
+dspy 3.4.1 gives the RLM loop no hooks, so the record is taken at the three seams it does
+have: the LMs (the budgeted LM hands each `LlmCalled` to the recorder), the action predictor
+(wrapped, so each planned iteration is recorded with the call it was parsed from) and the
+interpreter factory (each cell, and each host tool sandbox code calls, is recorded by the
+interpreter that ran it). The loop itself is dspy's, unchanged.
+
+Two of dspy's in-process limits are handed to the mesh instead:
+
+- the sub-call counter (`max_llm_calls`): the prompt still states the tree's cap, but the
+  count is the budget tree's, whose ledger sees every run of the tree. dspy's own counter sees
+  one run only, so it would let a tree of children spend `max_llm_calls` each, and refuse with
+  a message that names no budget;
+- a `dspy.RLM` that sandbox code builds through dspy's facade: dspy would run it on this host
+  with a fresh REPL context and no run of its own (no record, no isolation policy, no depth
+  limit). It is refused with a message that names `sub_rlm`, the host tool that makes the same
+  request a real child run.
+"""
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import dspy
+from dspy.primitives.code_interpreter import (
+    CodeExecutionError,
+    CodeInterpreterError,
+)
+from dspy.primitives.facade import CONSTRUCT_TOOL
+from pydantic_core import to_jsonable_python
+
+from fleet_agent.engine.model import (
+    RlmResult,
+    RlmTask,
+    RunCancelledError,
+    RunContext,
+    RunFenced,
+)
+from fleet_agent.engine.recorder import INLINE_BYTES, RunRecorder
+from fleet_agent.interpreter import EXECUTION_INSTRUCTIONS, RemoteInterpreter
+from fleet_agent.lm import CallScope, budgeted_lm
+from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import bus as verbs
+from fleet_events import new_id
+from fleet_events import sandbox as sb
+from fleet_events.run import (
+    CellExecuted,
+    IterationPlanned,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    ToolCalled,
+    ToolReturned,
+)
+from fleet_mesh import rpc
+
+log = logging.getLogger("fleet.agent.engine")
+
+UNCOUNTED = 1_000_000
+"""dspy's own sub-call counter is set past reach: the budget tree counts (module docstring)."""
+
+LLM_TOOLS = frozenset({"llm_query", "llm_query_batched"})
+"""Recorded as `run.llm_called` (with the cell in flight), not again as tool calls."""
+
+REFUSED_FACADE = frozenset({"RLM"})
+
+FACADE_RLM_REFUSED = (
+    "dspy.RLM cannot be built inside the sandbox here: it would run outside the tree's child-run "
+    "policy and record. Call sub_rlm(task) (or sub_rlm_batched(tasks)) for a recursive sub-task, "
+    "or use dspy.Predict / dspy.ChainOfThought for a single step."
+)
+
+STDOUT_INLINE = 8 * 1024
+
+
+def _preview(value: Any) -> Any:
+    """A JSON-safe copy of `value` for the record (pydantic inputs, History...)."""
+    try:
+        return to_jsonable_python(value, fallback=str)
+    except Exception:  # anything that cannot be shown is recorded by its type
+        return f"<{type(value).__name__}>"
+
+
+class RunHooks:
+    """What the recording seams share: the recorder, the cancel flag, and the loop's position."""
+
+    def __init__(self, ctx: RunContext, recorder: RunRecorder) -> None:
+        self.ctx = ctx
+        self.recorder = recorder
+        self.iteration: int | None = None
+        self.iterations = 0
+        self.last_reasoning = ""
+        self._interrupts: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def boundary(self, iteration: int | None) -> None:
+        """A step boundary: stop here once the run is cancelled."""
+        if self.ctx.cancel.is_set:
+            raise RunCancelledError(self.ctx.cancel.reason)
+        if iteration is not None:
+            self.iteration = iteration
+            self.iterations = iteration + 1
+
+    def planned(self, reasoning: str, code: str) -> None:
+        self.last_reasoning = reasoning
+        self.recorder.record(
+            IterationPlanned(
+                index=self.iteration or 0,
+                reasoning=reasoning,
+                code=code,
+                llm_call=self.recorder.last_step_call,
+            )
+        )
+
+
+class _Planned:
+    """Stands in for RLM's action predictor: the same call, then the plan recorded."""
+
+    def __init__(self, predict: Any, hooks: RunHooks) -> None:
+        self.predict = predict
+        self.hooks = hooks
+
+    @property
+    def signature(self) -> Any:
+        return self.predict.signature
+
+    def __call__(self, **kwargs: Any) -> Any:
+        prediction = self.predict(**kwargs)
+        self.hooks.planned(str(prediction.reasoning or ""), str(prediction.code or ""))
+        return prediction
+
+
+class RecordedRLM(dspy.RLM):  # type: ignore[misc]  # dspy ships no types
+    def __init__(self, signature: str, *, hooks: RunHooks, **options: Any) -> None:
+        super().__init__(signature, **options)
+        self._hooks = hooks
+        self.generate_action: Any = _Planned(self.generate_action, hooks)
+        self.max_llm_calls = UNCOUNTED  # the prompt keeps the tree's cap: it was built above
+
+    def _execute_iteration(
+        self, repl: Any, variables: Any, history: Any, iteration: int, *rest: Any
+    ) -> Any:
+        self._hooks.boundary(iteration)
+        return super()._execute_iteration(repl, variables, history, iteration, *rest)
+
+    def _extract_fallback(self, *args: Any) -> Any:
+        self._hooks.boundary(None)
+        return super()._extract_fallback(*args)
+
+
+class RecordingInterpreter(RemoteInterpreter):
+    """A REPL context whose every cell and host tool call is recorded on the run."""
+
+    def __init__(self, bus: SandboxBus, sandbox: str, *, hooks: RunHooks, **options: Any) -> None:
+        super().__init__(bus, sandbox, **options)
+        self._hooks = hooks
+        self._reply: sb.ExecuteReply | None = None
+
+    def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
+        recorder = self._hooks.recorder
+        cell = recorder.next_cell_id()
+        outer, recorder.current_cell = recorder.current_cell, cell
+        self._reply = None
+        release = self._hooks.ctx.cancel.on_set(self._interrupt)
+        if self._hooks.ctx.cancel.is_set:  # set before the cell began: it never runs
+            release()
+            recorder.current_cell = outer
+            raise RunCancelledError(self._hooks.ctx.cancel.reason)
+        started = time.monotonic()
+        error = ""
+        try:
+            return super().execute(code, variables)
+        except (CodeExecutionError, SyntaxError, CodeInterpreterError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            release()
+            recorder.current_cell = outer
+            self._record_cell(cell, code, error, (time.monotonic() - started) * 1000)
+
+    def _record_cell(self, cell: str, code: str, error: str, duration_ms: float) -> None:
+        reply = self._reply
+        stdout = reply.stdout if reply is not None else ""
+        final = None
+        if reply is not None and reply.kind == "final" and isinstance(reply.value, dict):
+            final = _preview(reply.value)
+        blob = None
+        if len(stdout.encode()) > STDOUT_INLINE:
+            blob = self.bus.put_blob(stdout.encode())
+            stdout = stdout[:STDOUT_INLINE]
+        if stdout:
+            self._hooks.recorder.live("cell_output", stdout)
+        self._hooks.recorder.record(
+            CellExecuted(
+                code=code if len(code.encode()) <= INLINE_BYTES else code[:INLINE_BYTES],
+                stdout=stdout,
+                error=error,
+                duration_ms=round(duration_ms, 3),
+                cell_id=cell,
+                iteration=self._hooks.iteration,
+                final=final,
+                sandbox=self.sandbox,
+                context=self.context,
+                stdout_blob=blob,
+            )
+        )
+
+    def _outcome(self, reply: sb.ExecuteReply) -> Any:
+        self._reply = reply
+        return super()._outcome(reply)
+
+    def _interrupt(self) -> None:
+        """Stop the cell now (the cancel flag was set while it ran); the REPL survives."""
+        request = sb.InterruptCell(
+            request_id=new_id(), tenant=self.bus.tenant, sandbox=self.sandbox, context=self.context
+        )
+        call = rpc.call_verb(
+            self.bus.nc, verbs.INTERRUPT_CELL, request, target=self.sandbox, timeout=10
+        )
+        future = self.bus.submit(call)
+        future.add_done_callback(lambda done: done.exception())  # a gone sandbox: nothing to stop
+
+    def _on_tool(self, call: sb.ToolCall) -> sb.ToolReply:
+        if call.name == CONSTRUCT_TOOL and _facade_kind(call) in REFUSED_FACADE:
+            return sb.ToolReply(ok=False, error=FACADE_RLM_REFUSED)
+        if call.name in LLM_TOOLS:
+            return super()._on_tool(call)
+        recorder = self._hooks.recorder
+        cell = recorder.current_cell
+        args = {"args": _preview(call.args), "kwargs": _preview(call.kwargs)}
+        recorder.record(
+            ToolCalled(
+                call_id=call.request_id, tool=call.name, args=args, source="sandbox", cell=cell
+            )
+        )
+        started = time.monotonic()
+        reply = super()._on_tool(call)
+        recorder.record(
+            ToolReturned(
+                call_id=call.request_id,
+                tool=call.name,
+                result=reply.value if reply.ok else None,
+                error=reply.error or "",
+                duration_ms=round((time.monotonic() - started) * 1000, 3),
+            )
+        )
+        return reply
+
+
+def _facade_kind(call: sb.ToolCall) -> object:
+    return call.kwargs.get("kind", call.args[0] if call.args else None)
+
+
+class RecordingFactory:
+    """`interpreter_factory` for the run: each call a new recorded context on the run's sandbox."""
+
+    execution_instructions = EXECUTION_INSTRUCTIONS
+
+    def __init__(self, hooks: RunHooks, **options: Any) -> None:
+        self.hooks = hooks
+        self.options = options
+
+    def __call__(self) -> RecordingInterpreter:
+        ctx = self.hooks.ctx
+        return RecordingInterpreter(ctx.mesh.bus, ctx.sandbox, hooks=self.hooks, **self.options)
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+async def run_rlm(
+    task: RlmTask, ctx: RunContext, *, tools: list[Callable[..., Any]] | None = None
+) -> RlmResult:
+    """Run `task` as the RLM run `ctx.run` on `ctx.sandbox`, charged to `ctx.tree`.
+
+    Records `run.started`, every step, and exactly one of `run.completed`, `run.failed` or
+    `run.cancelled` (unless the run was fenced: another holder owns its record, and this
+    replica writes nothing more). Never raises for what the run did; the result says how it
+    ended. The caller opens and closes the tree, and owns the sandbox.
+    """
+    recorder = RunRecorder(ctx)
+    hooks = RunHooks(ctx, recorder)
+    try:
+        await recorder.arecord(_started(task, ctx))
+        prediction = await asyncio.to_thread(_forward, task, ctx, hooks, tools or [])
+    except RunFenced as exc:
+        log.warning("run fenced: recording nothing more", extra={"run": ctx.run, "why": str(exc)})
+        return RlmResult(
+            status="failed", error=str(exc), retryable=True, head_hash=recorder.head.hash
+        )
+    except RunCancelledError:
+        partial = hooks.last_reasoning
+        return await _end(
+            recorder,
+            hooks,
+            RunCancelled(reason=ctx.cancel.reason, partial_answer=partial),
+            status="cancelled",
+            answer=partial,
+        )
+    except Exception as exc:
+        log.exception("rlm run failed", extra={"run": ctx.run})
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        return await _end(
+            recorder,
+            hooks,
+            RunFailed(error=error, reason=type(exc).__name__, retryable=False),
+            status="failed",
+            error=error,
+        )
+    outputs = {name: _preview(getattr(prediction, name)) for name in _output_names(task)}
+    answer = str(getattr(prediction, task.answer_field, "") or "")
+    completed = RunCompleted(
+        answer=answer, outputs=outputs, iterations=hooks.iterations, llm_calls=recorder.llm_calls
+    )
+    return await _end(
+        recorder, hooks, completed, status="completed", answer=answer, outputs=outputs
+    )
+
+
+def _started(task: RlmTask, ctx: RunContext) -> RunStarted:
+    return RunStarted(
+        kind="rlm", tree=ctx.tree, depth=ctx.depth, task=str(task.inputs.get("task", ""))[:2000],
+        signature=task.signature, inputs=_preview(task.inputs), max_iters=task.max_iters,
+        max_llm_calls=task.max_llm_calls, sandbox=ctx.sandbox, parent_call=ctx.parent_call,
+    )  # fmt: skip
+
+
+async def _end(
+    recorder: RunRecorder, hooks: RunHooks, event: Any, *, status: str, **fields: Any
+) -> RlmResult:
+    try:
+        head = await recorder.arecord(event)
+    except RunFenced as exc:
+        return RlmResult(status="failed", error=str(exc), retryable=True)
+    return RlmResult(
+        status=status, iterations=hooks.iterations, llm_calls=recorder.llm_calls,
+        head_hash=head.hash, **fields,
+    )  # fmt: skip
+
+
+def _output_names(task: RlmTask) -> list[str]:
+    return list(dspy.Signature(task.signature).output_fields)
+
+
+def _forward(
+    task: RlmTask, ctx: RunContext, hooks: RunHooks, tools: list[Callable[..., Any]]
+) -> Any:
+    """dspy's synchronous loop, in a thread of its own (it blocks on the bus for every step)."""
+    recorder = hooks.recorder
+    mesh = ctx.mesh
+
+    def lm(role: str, kind: Any) -> Any:
+        scope = CallScope(tenant=ctx.tenant, tree=ctx.tree, run=ctx.run, role=role, kind=kind)
+        return budgeted_lm(
+            mesh.bus, mesh.lm, scope, on_call=recorder.on_llm_call, grant_id=recorder.next_grant_id
+        )
+
+    options: dict[str, Any] = {}
+    if task.cell_wall_s is not None:
+        options["wall_s"] = task.cell_wall_s
+    rlm = RecordedRLM(
+        task.signature,
+        hooks=hooks,
+        max_iters=task.max_iters,
+        max_llm_calls=task.max_llm_calls,
+        max_output_chars=task.max_output_chars,
+        sub_lm=lm(task.delegate_role, "sub"),
+        tools=tools,
+        interpreter_factory=RecordingFactory(hooks, **options),
+    )
+    adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
+    with dspy.context(lm=lm(task.planner_role, "step"), adapter=adapter):
+        return rlm(**task.inputs)

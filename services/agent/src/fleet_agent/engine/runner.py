@@ -1,0 +1,179 @@
+"""The RLM as a turn runner (`FLEET_AGENT_RUNNER=rlm`): a turn's message becomes the root run
+of a budget tree, on the session's sandbox.
+
+Per turn: open the tree (`budget.open`, under a request id fixed by the turn, so a retry or a
+second attempt gets the first answer), find the session's sandbox (the fold's interpreter
+state: resumed, or replaced on the same volume, or created) and record `SandboxAttached` when
+it changed, run the root, close the tree whatever happened.
+
+`restartable` is False: a second attempt would pay every model call again, so a turn whose
+replica died ends `TurnFailed(retryable=True)` (the worker's rule) until issue 16 resumes a run
+from its record. The record is laid out for that already: the root run's id and the tree's
+are derived from the turn (`model.root_run_id`, `model.tree_id`), so a resuming attempt finds
+both.
+"""
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+from fleet_agent.engine.mesh import MeshPool
+from fleet_agent.engine.model import (
+    EngineMesh,
+    RlmTask,
+    RunContext,
+    derived_id,
+    root_run_id,
+    tree_id,
+)
+from fleet_agent.engine.rlm import run_rlm
+from fleet_agent.engine.settings import EngineSettings
+from fleet_agent.lenient import LenientCodec
+from fleet_agent.runners import Answered, CancelToken, Stopped, TurnInput
+from fleet_agent.session_state import FOLD
+from fleet_events import Envelope, bus, new_id, streams, utc_now
+from fleet_events import sandbox as sb
+from fleet_events.budget import CloseTree, OpenTree
+from fleet_events.session import InterpreterState, SandboxAttached, log_subject, session_filter
+from fleet_mesh import rpc
+from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.secrets import SecretError, private_key_from_env
+from fleet_mesh.service import ServiceContext
+from fleet_mesh.store import AppendConflict, EventStore
+
+log = logging.getLogger("fleet.agent.engine")
+
+
+class RlmRunFailed(RuntimeError):
+    """The root run ended in `run.failed`; the worker records `TurnFailed` (its text stays in
+    this replica's log, the run's record has the error)."""
+
+
+class RlmTurnRunner:
+    restartable = False
+
+    def __init__(self, pool: MeshPool, task: RlmTask) -> None:
+        self._pool = pool
+        self._task = task
+
+    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped:
+        mesh = await self._pool.get(turn.tenant)
+        tree = tree_id(turn.tenant, turn.session, turn.turn)
+        run = root_run_id(turn.tenant, turn.session, turn.turn)
+        task = dataclasses.replace(self._task, inputs={"task": turn.message})
+        await _call(mesh, bus.OPEN_TREE, OpenTree(
+            request_id=derived_id("open", tree), tenant=turn.tenant, tree=tree,
+            max_llm_calls=task.max_llm_calls, max_depth=task.max_depth,
+            max_steps_per_run=task.max_iters + 1, session=turn.session, turn=turn.turn,
+            root_run=run,
+        ))  # fmt: skip
+        try:
+            sandbox = await session_sandbox(mesh, turn.tenant, turn.session, turn.turn)
+            ctx = RunContext(
+                tenant=turn.tenant, session=turn.session, turn=turn.turn, run=run, tree=tree,
+                sandbox=sandbox, mesh=mesh,
+            )  # fmt: skip
+            mirror = asyncio.ensure_future(_mirror_cancel(token, ctx))
+            try:
+                result = await run_rlm(task, ctx)
+            finally:
+                mirror.cancel()
+        finally:
+            await _call(mesh, bus.CLOSE_TREE, CloseTree(
+                request_id=derived_id("close", tree), tree=tree, reason="turn ended",
+            ))  # fmt: skip
+        if result.status == "completed":
+            return Answered(result.answer, root_head_hash=result.head_hash)
+        if result.status == "cancelled":
+            return Stopped(result.answer)
+        raise RlmRunFailed(result.error)
+
+
+async def engine_runner(
+    ctx: ServiceContext, settings: EngineSettings | None = None
+) -> RlmTurnRunner:
+    """The runner `FLEET_AGENT_RUNNER=rlm` selects, on its own connections (module docstring of
+    `engine.mesh`); it needs the services' private key to open model keys."""
+    key = private_key_from_env()
+    if key is None:
+        raise SecretError(
+            "FLEET_AGENT_RUNNER=rlm needs the services' private key: "
+            "set FLEET_SECRETS_KEY to its file"
+        )
+    url = ctx.nc.connected_url.geturl() if ctx.nc.connected_url else ""
+    pool = MeshPool(url, ctx.actor, key)
+
+    async def stop() -> None:
+        await asyncio.to_thread(pool.close)
+
+    ctx.on_stop.append(stop)
+    return RlmTurnRunner(pool, (settings or EngineSettings()).task())
+
+
+async def _mirror_cancel(token: CancelToken, ctx: RunContext) -> None:
+    await token.wait()
+    ctx.cancel.set(token.reason or "cancelled")
+
+
+async def _call(mesh: EngineMesh, verb: Any, request: Any, timeout: float = 15.0) -> Any:
+    """A verb call on the bus's loop (its connection), awaited from the caller's loop."""
+    future = mesh.bus.submit(rpc.call_verb(mesh.bus.nc, verb, request, timeout=timeout))
+    return await asyncio.wrap_future(future)
+
+
+# -- the session's sandbox ---------------------------------------------------------------------
+
+
+async def session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: str) -> str:
+    """The session's sandbox id: resumed (or replaced on the same volume), or created; a new
+    one is recorded on the session's log as `SandboxAttached` (docs/agent.md)."""
+    future = mesh.bus.submit(_session_sandbox(mesh, tenant, session, turn))
+    return await asyncio.wrap_future(future)
+
+
+async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: str) -> str:
+    js = mesh.bus.nc.jetstream()
+    lenient = EventStore(js, streams.SESSIONS, LenientCodec(await JetStreamBlobs.open(js)))
+    state = (await lenient.load(session_filter(tenant, session), FOLD, use_snapshot=False)).state
+    known = state.image.interpreter
+    nc = mesh.bus.nc
+    if known is not None and known.sandbox:
+        info = await rpc.call_verb(
+            nc, bus.RESUME_SANDBOX,
+            sb.ResumeSandbox(request_id=new_id(), tenant=tenant, sandbox=known.sandbox),
+            timeout=60,
+        )  # fmt: skip
+        if info.sandbox == known.sandbox:
+            return info.sandbox
+        reason = "replaced"
+    else:
+        create = sb.CreateSandbox(
+            request_id=new_id(), tenant=tenant, labels={"session": session},
+            volume=known.volume if known else None,
+            volume_subpath=known.volume_subpath if known else None,
+            repo_url=known.repo_url if known else None, ref=known.ref if known else None,
+        )  # fmt: skip
+        info = await rpc.call_verb(nc, bus.CREATE_SANDBOX, create, timeout=60)
+        reason = "created"
+    attached = SandboxAttached(
+        interpreter=InterpreterState(
+            sandbox=info.sandbox, workspace=info.workspace, repo_url=info.repo_url, ref=info.ref,
+            context_paths=tuple(info.context_paths), volume=info.volume,
+            volume_subpath=info.volume_subpath,
+        ),
+        replaces=known.sandbox or "" if known else "",
+        reason=reason,
+    )  # fmt: skip
+    subject = log_subject(tenant, session)
+    for _ in range(16):
+        envelope = Envelope(
+            id=new_id(), tenant=tenant, session=session, turn=turn, actor=mesh.actor,
+            ts=utc_now(), data=attached, correlation=turn,
+        )  # fmt: skip
+        try:
+            await mesh.store.append(subject, envelope, expect=await mesh.store.head(subject))
+            break
+        except AppendConflict:
+            continue
+    return info.sandbox

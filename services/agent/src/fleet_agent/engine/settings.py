@@ -1,0 +1,29 @@
+"""The engine's limits per turn, read once from `FLEET_ENGINE_*` environment variables."""
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleet_agent.engine.model import RlmTask
+
+
+class EngineSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLEET_ENGINE_", frozen=True)
+
+    max_iters: int = Field(default=10, ge=1, le=200)
+    """Steps of each run (the root's and every child's); the budget grants one more, for
+    dspy's extract step when a run reaches the limit."""
+    max_llm_calls: int = Field(default=50, ge=1, le=10_000)
+    """Sub calls (llm_query, facade sub-agents, child runs' calls) of a whole turn's tree."""
+    max_depth: int = Field(default=3, ge=0, le=64)
+    """How deep child runs may nest (the root is depth 0)."""
+    cell_wall_s: float | None = Field(default=None, gt=0, le=3600)
+    """A cell's wall-clock limit (host tool time excluded); None: the broker's default."""
+
+    def task(self) -> RlmTask:
+        return RlmTask(
+            inputs={},
+            max_iters=self.max_iters,
+            max_llm_calls=self.max_llm_calls,
+            max_depth=self.max_depth,
+            cell_wall_s=self.cell_wall_s,
+        )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_events import new_id
+from fleet_events import Event, new_id
 from fleet_events.session import TurnCompleted, TurnFailed, TurnStarted
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually
@@ -160,3 +160,33 @@ async def test_a_nats_server_killed_mid_turn_loses_and_duplicates_nothing(
             await assert_ended_once(m, t, "s", turn)
     finally:
         nats.stop()
+
+
+async def test_a_replica_dead_after_storing_the_end_but_before_its_ack_has_nothing_repeated(
+    server: NatsServer, tmp_path: Path, barriers: Path
+) -> None:
+    """The crash point between `TurnCompleted` stored and the ack: the end is written (as the
+    holder would have written it) while the holder is held, then the holder is SIGKILLed. The
+    redelivery must be acked with nothing run or recorded again."""
+    launch = launcher(server, tmp_path)
+    try:
+        async with mesh(server, barriers) as m:
+            replicas = launch.start("agent", 2, env=agent_env(barriers))
+            await wait_ready(m.nc, replicas)
+            t = f"t-{new_id()[:8]}"
+            turn = await m.request(t, "s", "[hold:e] answered")
+            holder = named(replicas, await m.reached("e"))
+            await m.append(t, "s", turn, TurnCompleted(answer="answered"))
+            holder.kill()
+            m.release("e")  # a wrongly repeated run would now go through and record again
+            await assert_ended_once(m, t, "s", turn)  # waits for the redelivery's ack
+            assert kinds_of(await m.of_turn(t, "s", turn)) == [
+                "TurnRequested", "TurnStarted", "TurnCompleted",
+            ]  # fmt: skip
+            assert not (barriers / "e.reached.2").exists()
+    finally:
+        launch.stop_all()
+
+
+def kinds_of(events: list[Event]) -> list[str]:
+    return [type(e).__name__ for e in events]

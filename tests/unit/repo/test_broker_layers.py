@@ -1,5 +1,6 @@
 """The broker's modules keep their rooms: the domain does no I/O, nothing below the routes
-speaks RPC errors, and no two modules import each other (issue 8: broker.py <-> lifecycle.py)."""
+speaks RPC errors, and no two modules import each other (issue 8: broker.py <-> lifecycle.py).
+Read from the source tree: kept out of the mutation run's unit tests."""
 
 import importlib
 from pathlib import Path

@@ -50,6 +50,14 @@ class TurnRequested(Event, frozen=True, kw_only=True, tag="turn.requested"):
     """A user message arrived; the dispatcher turns it into a work item keyed by the turn id."""
 
     message: str
+    mode: str = "auto"
+    """The chat agent's execution mode: `auto`, `rlm_only` or `tools_only` (`EXECUTION_MODES`)."""
+
+
+EXECUTION_MODES = ("auto", "rlm_only", "tools_only")
+"""How the chat agent may answer a turn: choose (`auto`), only through the recursive engine
+(`rlm_only`), or with tools but never the RLM (`tools_only`). A plain string on the wire, so a
+mode added later does not stop an older replica reading the log."""
 
 
 class TurnStarted(Event, frozen=True, kw_only=True, tag="turn.started"):

@@ -1,0 +1,94 @@
+"""Which module answers a turn: the escalation rule, CoT -> ReAct -> RLM, and the fallbacks.
+Pure: no I/O, no dspy.
+
+The rule, in order (the first that fires decides; each move is a `run.escalated` event):
+
+1. mode `rlm_only`: straight to the RLM (`rlm_only`).
+2. the turn's context (message + history + core memory) is over the threshold (32,000
+   characters by default) and the mode allows the RLM: straight to the RLM
+   (`context_over_threshold`); a context that size does not fit a chat prompt.
+3. the message names something only a tool can reach (documents, files, memory, a URL, code,
+   logs, the sandbox): to ReAct without paying for a ChainOfThought first (`tools_needed`).
+4. otherwise ChainOfThought answers; if it says it needs tools (its `needs_tools` output, or
+   `[TOOLS NEEDED]` in its reasoning), to ReAct (`tools_needed`).
+
+A module whose step fails hands the turn down one module (`run.fell_back`): the RLM to ReAct
+(to ChainOfThought under `rlm_only`, where ReAct would have only the RLM's own tools), ReAct
+to ChainOfThought; ChainOfThought failing fails the turn. `tools_only` never reaches the RLM.
+"""
+
+import re
+
+from fleet_events.run import Escalated
+from fleet_events.session import EXECUTION_MODES
+
+MODES = EXECUTION_MODES
+CONTEXT_THRESHOLD = 32_000
+TOOLS_MARKER = "[TOOLS NEEDED]"
+
+TOOL_WORDS = re.compile(
+    r"https?://\S+|\b(?:documents?|files?|uploads?|uploaded|pdfs?|memory|remember|"
+    r"forget|sandbox|logs?|repo(?:sitory)?|code|scripts?|urls?|web ?page)\b",
+    re.IGNORECASE,
+)
+
+
+class UnknownMode(ValueError):
+    """A turn asked for an execution mode this agent does not have."""
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise UnknownMode(
+            f"execution mode {mode[:40]!r} is not one of {', '.join(MODES)}: use one of them "
+            "(auto lets the agent choose)"
+        )
+    return mode
+
+
+def context_chars(message: str, history: list[dict[str, str]], memory: str) -> int:
+    return len(message) + len(memory) + sum(len(t["question"]) + len(t["answer"]) for t in history)
+
+
+def opening(mode: str, chars: int, message: str, threshold: int) -> Escalated | None:
+    """Where a turn starts, when not at ChainOfThought (None: ChainOfThought first)."""
+    if mode == "rlm_only":
+        return Escalated(
+            from_module="cot", to_module="rlm", rule="rlm_only", detail="the turn's mode"
+        )
+    if mode != "tools_only" and chars > threshold:
+        return Escalated(
+            from_module="cot",
+            to_module="rlm",
+            rule="context_over_threshold",
+            detail=f"{chars} characters of context, over the threshold of {threshold}",
+        )
+    named = TOOL_WORDS.search(message)
+    if named is not None:
+        return Escalated(
+            from_module="cot",
+            to_module="react",
+            rule="tools_needed",
+            detail=f"the message mentions {named.group(0)[:80]!r}",
+        )
+    return None
+
+
+def after_cot(needs_tools: bool, reasoning: str) -> Escalated | None:
+    """ChainOfThought answered: does the turn go on to ReAct?"""
+    if needs_tools:
+        detail = "ChainOfThought answered needs_tools=True"
+    elif TOOLS_MARKER in reasoning:
+        detail = f"ChainOfThought's reasoning says {TOOLS_MARKER}"
+    else:
+        return None
+    return Escalated(from_module="cot", to_module="react", rule="tools_needed", detail=detail)
+
+
+def fallback_from(module: str, mode: str) -> str | None:
+    """The module a failed step hands the turn to (None: nothing cheaper is left)."""
+    if module == "rlm":
+        return "cot" if mode == "rlm_only" else "react"
+    if module == "react":
+        return "cot"
+    return None

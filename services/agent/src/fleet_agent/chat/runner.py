@@ -1,0 +1,401 @@
+"""The chat agent as the turn runner (`FLEET_AGENT_RUNNER=chat`): one root run of kind `chat`
+per turn, escalating CoT -> ReAct -> RLM by the rule in `escalation`, every step recorded on
+`fleet.session.<t>.<s>.run.<root run>`.
+
+Per turn: rebuild the session by its fold (and read the turn's execution mode from its
+request), open the turn's budget tree, run the modules in dspy's thread with the budget-aware
+LM (every call granted as a `step` of this run, then recorded as `run.llm_called`), record one
+terminal event, close the tree. The RLM route and the recursion tools run child runs of this
+run through the engine (`fleet_agent.engine.run_rlm`), in the same tree.
+
+`restartable` is False, as for the engine's runner: running a turn again would pay its model
+calls twice (issue 16 resumes from the record; the run and tree ids are derived from the turn
+for it).
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import dspy
+from dspy.utils.exceptions import LMError
+
+from fleet_agent.chat import escalation
+from fleet_agent.chat.signatures import RLM_TURN, ChatAgent, ChatTurn
+from fleet_agent.chat.tools import ToolKit, TurnState, child_run, listing, toolset
+from fleet_agent.chat.urls import UrlLoader
+from fleet_agent.engine.mesh import MeshPool
+from fleet_agent.engine.model import (
+    EngineMesh,
+    RlmResult,
+    RlmTask,
+    RunCancelledError,
+    RunContext,
+    RunFenced,
+    derived_id,
+    root_run_id,
+    tree_id,
+)
+from fleet_agent.engine.recorder import RunRecorder
+from fleet_agent.engine.rlm import run_rlm
+from fleet_agent.engine.runner import session_sandbox
+from fleet_agent.lenient import LenientCodec
+from fleet_agent.lm import CallScope, budgeted_lm
+from fleet_agent.runners import Answered, CancelToken, Stopped, TurnInput
+from fleet_agent.session_state import FOLD, SessionState, history, skipped_line
+from fleet_events import bus, streams
+from fleet_events.budget import CloseTree, OpenTree
+from fleet_events.run import (
+    Escalated,
+    FellBack,
+    IterationPlanned,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+)
+from fleet_events.session import TurnRequested, session_filter
+from fleet_mesh import rpc
+from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.store import EventStore
+
+log = logging.getLogger("fleet.agent.chat")
+T = TypeVar("T")
+
+AsyncEngine = Callable[[RlmTask, RunContext], Coroutine[Any, Any, RlmResult]]
+SandboxOf = Callable[[EngineMesh, str, str, str], Coroutine[Any, Any, str]]
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    context_threshold: int = escalation.CONTEXT_THRESHOLD
+    react_max_iters: int = 15
+    clarify_timeout_s: float = 600.0
+
+
+class ChatFailed(RuntimeError):
+    """Every module the turn could use failed; the run's `run.failed` says which and why."""
+
+
+class _Stop(Exception):
+    """The turn's run was fenced or cancelled: unwind dspy, record what applies."""
+
+
+def _why(exc: BaseException) -> str:
+    """What a fallback or failure records: the type, and the message only where it is ours
+    and scrubbed (the budgeted LM's errors); anything else may hold anything."""
+    if isinstance(exc, LMError):
+        return f"{type(exc).__name__}: {exc}"[:1000]
+    return type(exc).__name__
+
+
+async def load_session(mesh: EngineMesh, turn: TurnInput) -> tuple[SessionState, str]:
+    """The session's fold and the turn's mode, in one pass over its log (on the bus loop)."""
+    js = mesh.bus.nc.jetstream()
+    store = EventStore(js, streams.SESSIONS, LenientCodec(await JetStreamBlobs.open(js)))
+    state = FOLD.initial()
+    mode = "auto"
+    async for stored in store.replay(session_filter(turn.tenant, turn.session)):
+        state = FOLD.evolve(state, stored)
+        data = stored.envelope.data
+        if isinstance(data, TurnRequested) and stored.envelope.turn == turn.turn:
+            mode = data.mode
+    line = skipped_line(state)
+    if line is not None:
+        log.warning(line, extra={"session": turn.session})
+    return state, mode
+
+
+class ChatRunner:
+    restartable = False
+
+    def __init__(
+        self,
+        pool: MeshPool,
+        rlm_task: RlmTask,
+        options: ChatOptions | None = None,
+        *,
+        engine: AsyncEngine = run_rlm,
+        sandbox_of: SandboxOf = session_sandbox,
+        urls: UrlLoader | None = None,
+        on_turn_end: Callable[[TurnState], object] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._rlm_task = rlm_task
+        self._options = options or ChatOptions()
+        self._engine = engine
+        self._sandbox_of = sandbox_of
+        self._urls = urls or UrlLoader()
+        self._on_turn_end = on_turn_end
+        """Handed the state the turn's tools held at its end (tests compare it with the fold)."""
+
+    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped:
+        mesh = await self._pool.get(turn.tenant)
+        state, mode = await _on_bus(mesh, load_session(mesh, turn))
+        escalation.check_mode(mode)
+        tree = tree_id(turn.tenant, turn.session, turn.turn)
+        run = root_run_id(turn.tenant, turn.session, turn.turn)
+        task = self._rlm_task
+        steps = max(self._options.react_max_iters + 3, task.max_iters + 1)
+        await _on_bus(mesh, rpc.call_verb(mesh.bus.nc, bus.OPEN_TREE, OpenTree(
+            request_id=derived_id("open", tree), tenant=turn.tenant, tree=tree,
+            max_llm_calls=task.max_llm_calls, max_depth=task.max_depth,
+            max_steps_per_run=steps, session=turn.session, turn=turn.turn, root_run=run,
+        ), timeout=15))  # fmt: skip
+        ctx = RunContext(
+            tenant=turn.tenant, session=turn.session, turn=turn.turn, run=run, tree=tree,
+            sandbox="", mesh=mesh,
+        )  # fmt: skip
+        loop = asyncio.get_running_loop()
+        chat = TurnRun(self, ctx, state, mode, turn.message, loop)
+        mirror = asyncio.ensure_future(_mirror(token, ctx))
+        try:
+            return await asyncio.to_thread(chat.run)
+        finally:
+            mirror.cancel()
+            if self._on_turn_end is not None:
+                self._on_turn_end(chat.state)
+            close = CloseTree(request_id=derived_id("close", tree), tree=tree, reason="turn ended")
+            await _on_bus(mesh, rpc.call_verb(mesh.bus.nc, bus.CLOSE_TREE, close, timeout=15))
+
+
+async def _mirror(token: CancelToken, ctx: RunContext) -> None:
+    await token.wait()
+    ctx.cancel.set(token.reason or "cancelled")
+
+
+async def _on_bus(mesh: EngineMesh, work: Coroutine[Any, Any, T]) -> T:
+    return await asyncio.wrap_future(mesh.bus.submit(work))
+
+
+class _Step:
+    """Stands in for one of ReAct's predictors: a step boundary (cancel) before the call,
+    and the plan recorded after it."""
+
+    def __init__(self, predict: Any, chat: "TurnRun", *, plans: bool) -> None:
+        self.predict = predict
+        self.chat = chat
+        self.plans = plans
+
+    @property
+    def signature(self) -> Any:
+        return self.predict.signature
+
+    def __call__(self, **kwargs: Any) -> Any:
+        self.chat.boundary()
+        prediction = self.predict(**kwargs)
+        if self.plans:
+            self.chat.planned(
+                str(prediction.next_thought or ""), str(prediction.next_tool_name or "")
+            )
+        return prediction
+
+
+class TurnRun:
+    """One turn in dspy's thread: the modules, the escalations, the fallbacks, the record."""
+
+    def __init__(
+        self, runner: ChatRunner, ctx: RunContext, state: SessionState, mode: str, message: str,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:  # fmt: skip
+        self.runner = runner
+        self.ctx = ctx
+        self.mode = mode
+        self.message = message
+        self.loop = loop
+        self.recorder = RunRecorder(ctx)
+        self.iterations = 0
+        self.last_thought = ""
+        self._sandbox = ""
+        image = state.image
+        self.state = TurnState(
+            memory=image.core_memory,
+            documents={d.alias: d for d in image.documents},
+            active=image.active_document,
+            memory_files={f.path: f for f in image.memory_files},
+            history=history(state),
+        )
+        options = runner._options
+        self.kit = ToolKit(
+            ctx=ctx, recorder=self.recorder, state=self.state, engine=self._engine,
+            sandbox=self.sandbox, urls=runner._urls, rlm_task=runner._rlm_task,
+            clarify_timeout_s=options.clarify_timeout_s, mode=mode,
+        )  # fmt: skip
+
+    # -- seams to the agent's loop ---------------------------------------------------------
+
+    def _on_loop(self, work: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout)
+
+    def sandbox(self) -> str:
+        """The session's sandbox, found or made on first use only (a CoT turn needs none)."""
+        if not self._sandbox:
+            ctx = self.ctx
+            self._sandbox = self._on_loop(
+                self.runner._sandbox_of(ctx.mesh, ctx.tenant, ctx.session, ctx.turn), 120
+            )
+        return self._sandbox
+
+    def _engine(self, task: RlmTask, ctx: RunContext) -> RlmResult:
+        return self._on_loop(self.runner._engine(task, ctx))
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def boundary(self) -> None:
+        if self.ctx.cancel.is_set:
+            raise RunCancelledError(self.ctx.cancel.reason)
+
+    def planned(self, thought: str, tool: str) -> None:
+        self.last_thought = thought
+        self.recorder.record(
+            IterationPlanned(
+                index=self.iterations, reasoning=thought, tool=tool,
+                llm_call=self.recorder.last_step_call,
+            )
+        )  # fmt: skip
+        self.iterations += 1
+
+    def lm(self) -> Any:
+        ctx = self.ctx
+        scope = CallScope(
+            tenant=ctx.tenant, tree=ctx.tree, run=ctx.run, role="planner", kind="step"
+        )
+        return budgeted_lm(
+            ctx.mesh.bus, ctx.mesh.lm, scope,
+            on_call=self.recorder.on_llm_call, grant_id=self.recorder.next_grant_id,
+        )  # fmt: skip
+
+    @property
+    def memory_text(self) -> str:
+        m = self.state.memory
+        return f"persona: {m.persona}\nhuman: {m.human}\nscratchpad: {m.scratchpad}"
+
+    def cot(self) -> tuple[str, Escalated | None]:
+        self.boundary()
+        prediction = dspy.ChainOfThought(ChatTurn)(
+            question=self.message,
+            history=dspy.History(messages=self.state.history),
+            core_memory=self.memory_text,
+        )
+        reasoning = str(getattr(prediction, "reasoning", "") or "")
+        self.planned(reasoning, "")
+        needs = bool(getattr(prediction, "needs_tools", False))
+        return str(prediction.answer or ""), escalation.after_cot(needs, reasoning)
+
+    def react(self) -> str:
+        agent = dspy.ReAct(
+            ChatAgent, tools=toolset(self.kit), max_iters=self.runner._options.react_max_iters
+        )
+        agent.react = _Step(agent.react, self, plans=True)
+        agent.extract = _Step(agent.extract, self, plans=False)
+        prediction = agent(
+            question=self.message,
+            history=dspy.History(messages=self.state.history),
+            core_memory=self.memory_text,
+            documents=listing(self.state),
+        )
+        return str(prediction.answer or "")
+
+    def rlm(self) -> str:
+        self.boundary()
+        context = {"history": self.state.history, "core_memory": self.memory_text}
+        task = RlmTask(
+            inputs={"task": self.message, "context": context}, signature=RLM_TURN,
+            max_iters=self.runner._rlm_task.max_iters,
+            max_llm_calls=self.runner._rlm_task.max_llm_calls,
+            max_depth=self.runner._rlm_task.max_depth,
+            cell_wall_s=self.runner._rlm_task.cell_wall_s,
+        )  # fmt: skip
+        result = child_run(self.kit, task, f"{self.ctx.run}-route", 0, self.message)
+        if result.status == "cancelled":
+            raise RunCancelledError(self.ctx.cancel.reason)
+        if result.status != "completed":
+            raise RlmRouteFailed(result.error or result.status)
+        return result.answer
+
+    # -- the turn --------------------------------------------------------------------------
+
+    def run(self) -> Answered | Stopped:
+        ctx = self.ctx
+        options = self.runner._options
+        adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
+        try:
+            self.recorder.record(RunStarted(
+                kind="chat", tree=ctx.tree, task=self.message[:2000], mode=self.mode,
+                signature="ChatAgent", inputs={"question": self.message[:2000]},
+                max_iters=options.react_max_iters,
+                max_llm_calls=self.runner._rlm_task.max_llm_calls,
+            ))  # fmt: skip
+            with dspy.context(lm=self.lm(), adapter=adapter):
+                answer, module = self._modules()
+            head = self.recorder.record(
+                RunCompleted(
+                    answer=answer, outputs={"module": module}, iterations=self.iterations,
+                    llm_calls=self.recorder.llm_calls,
+                )
+            )  # fmt: skip
+            return Answered(answer, root_head_hash=head.hash)
+        except RunFenced:
+            log.warning("chat run fenced: recording nothing more", extra={"run": ctx.run})
+            raise
+        except RunCancelledError:
+            self.recorder.record(
+                RunCancelled(reason=ctx.cancel.reason, partial_answer=self.last_thought)
+            )
+            return Stopped(self.last_thought)
+        except Exception as exc:
+            self.recorder.record(RunFailed(error=_why(exc), reason=type(exc).__name__))
+            raise ChatFailed(f"the chat run failed: {_why(exc)}") from exc
+
+    def _modules(self) -> tuple[str, str]:
+        """The escalation loop: (answer, the module that gave it)."""
+        chars = escalation.context_chars(self.message, self.state.history, self.memory_text)
+        move = escalation.opening(
+            self.mode, chars, self.message, self.runner._options.context_threshold
+        )
+        module = "cot"
+        fell_back = False
+        while True:
+            if move is not None:
+                self.recorder.record(move)
+                module = move.to_module
+                move = None
+            try:
+                if module == "cot":
+                    answer, move = self.cot()
+                    if move is None or fell_back:
+                        return answer, "cot"
+                    continue
+                if module == "react":
+                    return self.react(), "react"
+                return self.rlm(), "rlm"
+            except (RunCancelledError, RunFenced):
+                raise
+            except Exception as exc:
+                lower = escalation.fallback_from(module, self.mode)
+                if lower is None:
+                    raise
+                log.warning(
+                    "chat module failed: falling back",
+                    extra={"run": self.ctx.run, "from_module": module},
+                    exc_info=True,
+                )
+                self.recorder.record(
+                    FellBack(
+                        from_module=module,
+                        to_module=lower,
+                        reason=f"{module}_failed",
+                        error=_why(exc),
+                    )
+                )
+                module = lower
+                fell_back = True
+
+
+class RlmRouteFailed(RuntimeError):
+    """The RLM route's run ended without an answer (its own record says why)."""
+
+
+__all__ = ["ChatFailed", "ChatOptions", "ChatRunner", "Escalated", "load_session"]

@@ -1,0 +1,493 @@
+"""The chat agent's turns, run by `ChatRunner` in this process against a real nats-server, a
+real budget replica and the scripted LM (a FAKE model server): each escalation step and each
+fallback, ReAct tool use with every call recorded, a clarification round trip, and the state
+rebuilt from the log after a turn equal to the state the turn held live.
+
+The recursive engine is replaced here by `StandInEngine`, a FAKE named so: the engine has its
+own tests with a real sandbox broker (tests/integration/agent/test_rlm*.py); what is tested
+here is that the chat agent hands it the turn, records the child run and uses its answer.
+"""
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import pytest
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+
+from fleet_agent.chat.runner import ChatFailed, ChatOptions, ChatRunner
+from fleet_agent.chat.tools import TurnState
+from fleet_agent.engine.mesh import MeshPool
+from fleet_agent.engine.model import EngineMesh, RlmResult, RlmTask, RunContext, root_run_id
+from fleet_agent.lenient import LenientCodec
+from fleet_agent.runners import Answered, CancelToken, Stopped, TurnInput
+from fleet_agent.session_state import FOLD, answer_input, history
+from fleet_events import Actor, Envelope, Event, bus, new_id, streams, utc_now
+from fleet_events.bus import Ping
+from fleet_events.llm import LlmProfile
+from fleet_events.run import (
+    ChildRunCompleted,
+    ChildRunRequested,
+    Escalated,
+    FellBack,
+    IterationPlanned,
+    LlmCalled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    ToolCalled,
+    ToolReturned,
+)
+from fleet_events.session import (
+    CoreMemoryChanged,
+    DocumentLoaded,
+    InputExpired,
+    InputProvided,
+    InputRequested,
+    TurnCompleted,
+    TurnRequested,
+    log_subject,
+    run_subject,
+    session_filter,
+)
+from fleet_harness.procs import Launcher
+from fleet_harness.scripted_lm import Reply, ScriptedLM
+from fleet_harness.waits import eventually
+from fleet_mesh import rpc
+from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.runtime_config import LlmConfig
+from fleet_mesh.secrets import ensure_keypair, load_private_key
+from fleet_mesh.store import AppendConflict, EventStore
+
+GATEWAY = Actor(service="gateway", replica="test")
+
+
+def fields(**values: object) -> str:
+    body = "".join(f"[[ ## {name} ## ]]\n{value}\n\n" for name, value in values.items())
+    return body + "[[ ## completed ## ]]\n"
+
+
+def cot(answer: str, needs_tools: bool = False, reasoning: str = "thinking") -> str:
+    return fields(reasoning=reasoning, answer=answer, needs_tools=needs_tools)
+
+
+def act(tool: str, args: str = "{}", thought: str = "next") -> str:
+    return fields(next_thought=thought, next_tool_name=tool, next_tool_args=args)
+
+
+def extract(answer: str) -> str:
+    return fields(reasoning="from the trajectory", answer=answer)
+
+
+@dataclass
+class StandInEngine:
+    """A FAKE of the recursive engine (module docstring): answers, or fails, as told."""
+
+    answer: str = "the RLM's answer"
+    status: str = "completed"
+    tasks: list[tuple[RlmTask, RunContext]] = field(default_factory=list)
+
+    async def __call__(self, task: RlmTask, ctx: RunContext) -> RlmResult:
+        self.tasks.append((task, ctx))
+        if self.status != "completed":
+            return RlmResult(
+                status=self.status, error="RuntimeError: the stand-in was told to fail"
+            )
+        return RlmResult(status="completed", answer=self.answer, head_hash="c0ffee" * 4)
+
+
+async def no_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: str) -> str:
+    """A FAKE sandbox lookup for turns whose RLM is the stand-in (nothing runs in it)."""
+    return "sandbox-of-the-stand-in"
+
+
+@pytest.fixture(scope="module")
+def budget_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """A server of the module's own, with one budget replica on it."""
+    root = tmp_path_factory.mktemp("chat")
+    server = NatsServer(store_dir=root / "store", sync_interval="2m", log_path=root / "nats.log")
+    server.start()
+    launcher = Launcher(nats_url=server.url, log_dir=root)
+    launcher.start("budget")
+    yield server
+    launcher.stop_all()
+    server.stop()
+
+
+@pytest.fixture
+async def mesh_nc(budget_server: NatsServer) -> AsyncIterator[Client]:
+    from fleet_mesh.bootstrap import bootstrap
+    from fleet_mesh.connection import connect
+
+    client = await connect(budget_server.url, name="chat-test")
+    await bootstrap(client.jetstream(), env={})
+
+    async def ready() -> bool:
+        try:
+            pong = await rpc.call_verb(client, bus.ping("budget"), Ping(), timeout=0.5)
+        except (NatsTimeout, NoRespondersError):
+            return False
+        return "concurrency" in pong.details
+
+    await eventually(ready, timeout=30, what="a budget replica")
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def pool(budget_server: NatsServer, tmp_path: Path) -> AsyncIterator[MeshPool]:
+    key = load_private_key(ensure_keypair(tmp_path / "secrets").private)
+    running = MeshPool(budget_server.url, Actor(service="agent", replica="chat-test"), key)
+    yield running
+    await asyncio.to_thread(running.close)
+
+
+class Chat:
+    """One tenant and session of the test's own: the profile, the log, the runner."""
+
+    def __init__(self, nc: Client, pool: MeshPool) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.pool = pool
+        self.tenant = f"t{new_id()[:10]}"
+        self.session = new_id()
+        self.store: EventStore | None = None
+        self.ended: list[TurnState] = []
+
+    async def open(self, fake: ScriptedLM) -> "Chat":
+        blobs = await JetStreamBlobs.open(self.js)
+        self.store = EventStore(self.js, streams.SESSIONS, LenientCodec(blobs))
+        config = await LlmConfig.open(self.js)
+        profile = LlmProfile(name="scripted", model="openai/scripted", api_base=fake.base_url)
+        await config.put_profile(profile, tenant=self.tenant)
+        await config.set_role("planner", profile.name, tenant=self.tenant)
+        return self
+
+    async def append(self, turn: str | None, event: Event) -> int:
+        assert self.store is not None
+        subject = log_subject(self.tenant, self.session)
+        for _ in range(50):
+            envelope = Envelope(
+                id=new_id(), tenant=self.tenant, session=self.session, turn=turn,
+                actor=GATEWAY, ts=utc_now(), data=event,
+            )  # fmt: skip
+            try:
+                return (await self.store.append(subject, envelope)).seq
+            except AppendConflict:
+                continue
+        raise AssertionError("the log kept moving")
+
+    def runner(self, engine: StandInEngine | None = None, **options: Any) -> ChatRunner:
+        return ChatRunner(
+            self.pool, RlmTask(inputs={}), ChatOptions(**options),
+            engine=engine or StandInEngine(), sandbox_of=no_sandbox,
+            on_turn_end=self.ended.append,
+        )  # fmt: skip
+
+    async def turn(
+        self, message: str, *, mode: str = "auto", runner: ChatRunner | None = None, **opts: Any
+    ) -> tuple[str, Answered | Stopped]:
+        turn = new_id()
+        await self.append(turn, TurnRequested(message=message, mode=mode))
+        chosen = runner or self.runner(**opts)
+        given = TurnInput(
+            tenant=self.tenant, session=self.session, turn=turn, message=message, attempt=1,
+            replica="chat-test",
+        )  # fmt: skip
+        return turn, await chosen.run(given, CancelToken())
+
+    async def events(self, subject: str) -> list[Event]:
+        assert self.store is not None
+        return [stored.envelope.data async for stored in self.store.replay(subject)]
+
+    async def run_events(self, turn: str) -> list[Event]:
+        run = root_run_id(self.tenant, self.session, turn)
+        return await self.events(run_subject(self.tenant, self.session, run))
+
+    async def log(self) -> list[Event]:
+        return await self.events(log_subject(self.tenant, self.session))
+
+    async def fold(self) -> Any:
+        assert self.store is not None
+        return (await self.store.load(session_filter(self.tenant, self.session), FOLD)).state
+
+
+def of(events: list[Event], kind: type[Any]) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+@pytest.fixture
+async def chat(mesh_nc: Client, pool: MeshPool) -> Chat:
+    return Chat(mesh_nc, pool)
+
+
+async def test_a_plain_question_is_answered_by_chain_of_thought_alone(chat: Chat) -> None:
+    with ScriptedLM([cot("four")]) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn("What is two plus two?")
+    assert outcome == Answered("four", root_head_hash=outcome.root_head_hash)  # type: ignore[union-attr]
+    events = await chat.run_events(turn)
+    assert isinstance(events[0], RunStarted)
+    assert events[0].kind == "chat"
+    assert of(events, Escalated) == []
+    (call,) = of(events, LlmCalled)
+    assert call.request_kind == "step"
+    assert call.role == "planner"
+    assert of(events, IterationPlanned)[0].llm_call == call.call_id
+    assert isinstance(events[-1], RunCompleted)
+    assert events[-1].outputs == {"module": "cot"}
+    assert len(fake.requests) == 1
+
+
+async def test_cot_asking_for_tools_escalates_to_react_which_edits_memory(chat: Chat) -> None:
+    script = [
+        cot("", needs_tools=True),
+        act("core_memory_append", '{"block": "human", "text": "prefers tables"}'),
+        act("finish"),
+        extract("noted: you prefer tables"),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn("Keep in mind that I prefer tables.")
+    assert isinstance(outcome, Answered)
+    assert outcome.answer == "noted: you prefer tables"
+    events = await chat.run_events(turn)
+    (up,) = of(events, Escalated)
+    assert (up.from_module, up.to_module, up.rule) == ("cot", "react", "tools_needed")
+    assert "needs_tools=True" in up.detail
+    (called,) = of(events, ToolCalled)
+    (returned,) = of(events, ToolReturned)
+    assert called.tool == returned.tool == "core_memory_append"
+    assert called.call_id == returned.call_id
+    assert called.args == {"block": "human", "text": "prefers tables"}
+    assert returned.error == ""
+    assert [p.tool for p in of(events, IterationPlanned)] == ["", "core_memory_append", "finish"]
+    assert len(of(events, LlmCalled)) == 4
+    assert all(c.request_kind == "step" for c in of(events, LlmCalled))
+    (changed,) = of(await chat.log(), CoreMemoryChanged)
+    assert changed.value == "prefers tables"
+
+
+async def test_a_message_about_documents_goes_to_react_without_a_cot_call(chat: Chat) -> None:
+    text = "line one\nthe secret word is heron\nline three\n"
+    blobs = await JetStreamBlobs.open(chat.js)
+    ref = await blobs.put(chat.tenant, text.encode())
+    script = [
+        act("load_document", f'{{"source": "upload:{ref.sha256}", "alias": "notes"}}'),
+        act("find_in_document", '{"pattern": "secret"}'),
+        act("finish"),
+        extract("heron"),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn("What is the secret word in the uploaded document?")
+    assert isinstance(outcome, Answered)
+    assert outcome.answer == "heron"
+    events = await chat.run_events(turn)
+    (up,) = of(events, Escalated)
+    assert up.rule == "tools_needed"
+    assert "'uploaded'" in up.detail
+    assert "next_tool_name" in fake.requests[0].prompt_text  # the first call was ReAct's
+    found = [r for r in of(events, ToolReturned) if r.tool == "find_in_document"]
+    assert found[0].result == "2: the secret word is heron"
+    (loaded,) = of(await chat.log(), DocumentLoaded)
+    assert loaded.document.alias == "notes"
+    assert loaded.document.source == "upload"
+    assert loaded.document.chars == len(text)
+
+
+async def test_rlm_only_goes_straight_to_the_engine(chat: Chat) -> None:
+    engine = StandInEngine(answer="42, by the RLM")
+    with ScriptedLM([]) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn(
+            "Count the lines", mode="rlm_only", runner=chat.runner(engine)
+        )
+    assert isinstance(outcome, Answered)
+    assert outcome.answer == "42, by the RLM"
+    events = await chat.run_events(turn)
+    (up,) = of(events, Escalated)
+    assert (up.from_module, up.to_module, up.rule) == ("cot", "rlm", "rlm_only")
+    ((task, ctx),) = engine.tasks
+    assert task.inputs["task"] == "Count the lines"
+    assert ctx.depth == 1
+    assert ctx.parent_run == root_run_id(chat.tenant, chat.session, turn)
+    (asked,) = of(events, ChildRunRequested)
+    (done,) = of(events, ChildRunCompleted)
+    assert asked.child_run == done.child_run == ctx.run
+    assert done.child_head_hash == "c0ffee" * 4
+    assert fake.requests == []  # the chat run made no model call of its own
+
+
+async def test_a_context_over_the_threshold_goes_to_the_rlm(chat: Chat) -> None:
+    engine = StandInEngine()
+    big = "x" * 33_000
+    with ScriptedLM([]) as fake:
+        await chat.open(fake)
+        turn, _ = await chat.turn(f"Summarise: {big}", runner=chat.runner(engine))
+    (up,) = of(await chat.run_events(turn), Escalated)
+    assert (up.to_module, up.rule) == ("rlm", "context_over_threshold")
+    assert "over the threshold of 32000" in up.detail
+    assert len(engine.tasks) == 1
+
+
+async def test_tools_only_never_reaches_the_rlm_whatever_the_context(chat: Chat) -> None:
+    engine = StandInEngine()
+    with ScriptedLM([cot("short answer")]) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn(
+            "Summarise: " + "x" * 33_000, mode="tools_only", runner=chat.runner(engine)
+        )
+    assert isinstance(outcome, Answered)
+    assert outcome.answer == "short answer"
+    assert engine.tasks == []
+    assert of(await chat.run_events(turn), Escalated) == []
+
+
+async def test_a_failed_rlm_falls_back_to_react(chat: Chat) -> None:
+    engine = StandInEngine(status="failed")
+    with ScriptedLM([act("finish"), extract("answered without the RLM")]) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn("Summarise: " + "x" * 33_000, runner=chat.runner(engine))
+    assert isinstance(outcome, Answered)
+    assert outcome.answer == "answered without the RLM"
+    events = await chat.run_events(turn)
+    (down,) = of(events, FellBack)
+    assert (down.from_module, down.to_module, down.reason) == ("rlm", "react", "rlm_failed")
+    assert down.error == "RlmRouteFailed"
+    assert events[-1].outputs == {"module": "react"}  # type: ignore[attr-defined]
+
+
+async def test_a_failed_react_step_falls_back_to_cot_which_does_not_escalate_again(
+    chat: Chat,
+) -> None:
+    script = [
+        Reply("the model server broke", status=500),
+        cot("a plain answer", needs_tools=True),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn("Read the file notes.txt")
+    assert isinstance(outcome, Answered)
+    assert outcome.answer == "a plain answer"
+    events = await chat.run_events(turn)
+    (down,) = of(events, FellBack)
+    assert (down.from_module, down.to_module, down.reason) == ("react", "cot", "react_failed")
+    assert down.error.startswith("LmCallFailed")
+    assert len(of(events, Escalated)) == 1  # only the opening move to ReAct
+    failed = [c for c in of(events, LlmCalled) if c.error]
+    assert len(failed) == 1
+
+
+async def test_cot_failing_fails_the_run_with_its_reason(chat: Chat) -> None:
+    with ScriptedLM([Reply("down", status=500)]) as fake:
+        await chat.open(fake)
+        with pytest.raises(ChatFailed):
+            await chat.turn("What is two plus two?")
+    turn_events = [e for e in await chat.log() if isinstance(e, TurnRequested)]
+    assert len(turn_events) == 1
+    run_failed = []
+    for event in await chat.events(f"fleet.session.{chat.tenant}.{chat.session}.run.>"):
+        if isinstance(event, RunFailed):
+            run_failed.append(event)
+    assert len(run_failed) == 1
+    assert run_failed[0].error.startswith("LmCallFailed")
+
+
+async def test_a_clarification_round_trip(chat: Chat) -> None:
+    script = [
+        act("ask_user", '{"question": "Which region?", "options": ["eu", "us"]}'),
+        act("finish"),
+        extract("deploying to eu"),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        running = asyncio.ensure_future(chat.turn("Deploy the code to production"))
+
+        async def asked() -> InputRequested | None:
+            return next(iter(of(await chat.log(), InputRequested)), None)
+
+        question = await eventually(asked, timeout=30, what="the agent's question")
+        assert question.options == ("eu", "us")
+        state = await chat.fold()
+        assert state.pending_input.request_id == question.request_id
+        answer = answer_input(state, question.request_id, "eu please", option="eu")
+        assert isinstance(answer, InputProvided)
+        await chat.append(None, answer)
+        turn, outcome = await asyncio.wait_for(running, 60)
+    assert isinstance(outcome, Answered)
+    assert outcome.answer == "deploying to eu"
+    (returned,) = [r for r in of(await chat.run_events(turn), ToolReturned) if r.tool == "ask_user"]
+    assert returned.result == "eu please (option: eu)"
+    assert "eu please" in fake.requests[1].prompt_text  # the model saw the answer
+    assert (await chat.fold()).pending_input is None
+
+
+async def test_an_unanswered_question_expires_and_the_turn_goes_on(chat: Chat) -> None:
+    script = [act("ask_user", '{"question": "Which region?"}'), act("finish"), extract("gave up")]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn("Deploy the code", clarify_timeout_s=0.2)
+    assert isinstance(outcome, Answered)
+    (expired,) = of(await chat.log(), InputExpired)
+    (asked,) = of(await chat.log(), InputRequested)
+    assert expired.request_id == asked.request_id
+    (returned,) = [r for r in of(await chat.run_events(turn), ToolReturned) if r.tool == "ask_user"]
+    assert "did not answer" in returned.error
+    assert (await chat.fold()).pending_input is None
+
+
+async def test_a_url_tool_call_to_loopback_is_refused_and_recorded(chat: Chat) -> None:
+    script = [
+        act("fetch_web_document", '{"url": "http://127.0.0.1:4222/"}'),
+        act("finish"),
+        extract("that address is not allowed"),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        turn, _ = await chat.turn("Load http://127.0.0.1:4222/ please")
+    (returned,) = of(await chat.run_events(turn), ToolReturned)
+    assert "loopback" in returned.error
+    assert "only public internet addresses" in returned.error
+    assert of(await chat.log(), DocumentLoaded) == []
+
+
+async def test_the_state_restored_after_a_turn_equals_the_live_state(chat: Chat) -> None:
+    blobs = await JetStreamBlobs.open(chat.js)
+    ref = await blobs.put(chat.tenant, b"alpha\nbeta\n")
+    script = [
+        act("core_memory_append", '{"block": "persona", "text": "terse"}'),
+        act("core_memory_append", '{"block": "human", "text": "Ada"}'),
+        act("core_memory_replace", '{"block": "human", "old": "Ada", "new": "Ada L."}'),
+        act("load_document", f'{{"source": "upload:{ref.sha256}", "alias": "a"}}'),
+        act("load_document", f'{{"source": "upload:{ref.sha256}", "alias": "b"}}'),
+        act("set_active_document", '{"alias": "a"}'),
+        act("finish"),
+        extract("done"),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn("Remember me and load the documents")
+    assert isinstance(outcome, Answered)
+    await chat.append(turn, TurnCompleted(answer=outcome.answer))  # what the worker records
+    (live,) = chat.ended
+    restored = await chat.fold()
+    image = restored.image
+    assert image.core_memory == live.memory
+    assert image.core_memory.human == "Ada L."
+    assert image.core_memory.persona == "terse"
+    assert [d.alias for d in image.documents] == list(live.documents) == ["b", "a"]
+    assert image.active_document == live.active == "a"
+    assert history(restored) == [
+        *live.history,
+        {"question": "Remember me and load the documents", "answer": "done"},
+    ]

@@ -1,0 +1,80 @@
+"""The chat agent's escalation rule and fallbacks, as pure decisions."""
+
+import pytest
+
+from fleet_agent.chat.escalation import (
+    CONTEXT_THRESHOLD,
+    UnknownMode,
+    after_cot,
+    check_mode,
+    context_chars,
+    fallback_from,
+    opening,
+)
+
+
+def test_rlm_only_opens_at_the_rlm_whatever_the_message() -> None:
+    move = opening("rlm_only", 10, "hello", CONTEXT_THRESHOLD)
+    assert move is not None
+    assert (move.from_module, move.to_module, move.rule) == ("cot", "rlm", "rlm_only")
+
+
+def test_the_threshold_is_exclusive_and_tools_only_ignores_it() -> None:
+    assert opening("auto", CONTEXT_THRESHOLD, "hello", CONTEXT_THRESHOLD) is None
+    over = opening("auto", CONTEXT_THRESHOLD + 1, "hello", CONTEXT_THRESHOLD)
+    assert over is not None
+    assert (over.to_module, over.rule) == ("rlm", "context_over_threshold")
+    assert opening("tools_only", CONTEXT_THRESHOLD + 1, "hello", CONTEXT_THRESHOLD) is None
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "summarise the attached document",
+        "what is in notes.txt? read the file",
+        "remember that I like tea (memory)",
+        "load https://example.com/page",
+        "grep the logs for errors",
+    ],
+)
+def test_a_message_naming_what_only_tools_reach_opens_at_react(message: str) -> None:
+    move = opening("auto", len(message), message, CONTEXT_THRESHOLD)
+    assert move is not None
+    assert (move.to_module, move.rule) == ("react", "tools_needed")
+    assert "the message mentions" in move.detail
+
+
+def test_a_plain_message_opens_at_chain_of_thought() -> None:
+    assert opening("auto", 20, "what is two plus two?", CONTEXT_THRESHOLD) is None
+    assert opening("tools_only", 20, "what is two plus two?", CONTEXT_THRESHOLD) is None
+
+
+def test_cot_escalates_on_its_own_flag_or_the_marker_only() -> None:
+    assert after_cot(False, "I can answer this") is None
+    flagged = after_cot(True, "")
+    assert flagged is not None
+    assert flagged.detail == "ChainOfThought answered needs_tools=True"
+    marked = after_cot(False, "I need the file [TOOLS NEEDED]")
+    assert marked is not None
+    assert "[TOOLS NEEDED]" in marked.detail
+
+
+def test_fallbacks_go_down_one_module_and_stop_at_cot() -> None:
+    assert fallback_from("rlm", "auto") == "react"
+    assert fallback_from("rlm", "rlm_only") == "cot"
+    assert fallback_from("react", "auto") == "cot"
+    assert fallback_from("react", "tools_only") == "cot"
+    assert fallback_from("cot", "auto") is None
+
+
+def test_context_counts_message_memory_and_history() -> None:
+    turns = [{"question": "ab", "answer": "cde"}]
+    assert context_chars("xyz", turns, "mm") == 3 + 2 + 5
+
+
+def test_an_unknown_mode_is_named_with_the_modes_there_are() -> None:
+    assert check_mode("tools_only") == "tools_only"
+    with pytest.raises(UnknownMode) as refused:
+        check_mode("turbo")
+    assert "'turbo'" in str(refused.value)
+    assert "auto, rlm_only, tools_only" in str(refused.value)

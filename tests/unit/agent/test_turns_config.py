@@ -15,7 +15,10 @@ from fleet_events import streams
     [
         ({"FLEET_AGENT_TURN_SLOTS": "0"}, "FLEET_AGENT_TURN_SLOTS: Input should be greater"),
         ({"FLEET_AGENT_ACK_WAIT_S": "soon"}, "FLEET_AGENT_ACK_WAIT_S: Input should be a valid"),
-        ({"FLEET_AGENT_RUNNER": "gpt"}, "FLEET_AGENT_RUNNER: Input should be 'echo', 'scripted' or 'rlm'"),
+        (
+            {"FLEET_AGENT_RUNNER": "gpt"},
+            "FLEET_AGENT_RUNNER: Input should be 'echo', 'scripted', 'rlm' or 'chat'",
+        ),
         ({"FLEET_AGENT_RUNNER": "scripted"}, "needs FLEET_AGENT_BARRIER_DIR"),
     ],
 )

@@ -7,6 +7,7 @@ interchangeable and any one of them may die.
 
 import sys
 
+from fleet_agent.chat.runner import chat_runner
 from fleet_agent.config import AgentSettings, BadAgentSetting, load_settings
 from fleet_agent.dispatcher import Dispatcher
 from fleet_agent.engine.runner import engine_runner
@@ -34,7 +35,12 @@ async def setup(ctx: service.ServiceContext, settings: AgentSettings | None = No
     codec = Codec(await JetStreamBlobs.open(ctx.js))
     turn_log = TurnLog(store, codec, ctx.actor)
     dispatcher = Dispatcher(ctx.js, turn_log, ctx.log)
-    runner = await engine_runner(ctx) if settings.runner == "rlm" else make_runner(settings)
+    if settings.runner == "chat":
+        runner: TurnRunner = await chat_runner(ctx)
+    elif settings.runner == "rlm":
+        runner = await engine_runner(ctx)
+    else:
+        runner = make_runner(settings)
     worker = TurnWorker(
         ctx.nc, turn_log, codec, runner,
         replica=ctx.replica, max_attempts=settings.max_attempts, logger=ctx.log,

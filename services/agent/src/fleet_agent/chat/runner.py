@@ -23,6 +23,7 @@ import dspy
 from dspy.utils.exceptions import LMError
 
 from fleet_agent.chat import escalation
+from fleet_agent.chat.settings import ChatSettings
 from fleet_agent.chat.signatures import RLM_TURN, ChatAgent, ChatTurn
 from fleet_agent.chat.tools import ToolKit, TurnState, child_run, listing, toolset
 from fleet_agent.chat.urls import UrlLoader
@@ -41,6 +42,7 @@ from fleet_agent.engine.model import (
 from fleet_agent.engine.recorder import RunRecorder
 from fleet_agent.engine.rlm import run_rlm
 from fleet_agent.engine.runner import session_sandbox
+from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.lm import CallScope, budgeted_lm
 from fleet_agent.runners import Answered, CancelToken, Stopped, TurnInput
@@ -59,6 +61,8 @@ from fleet_events.run import (
 from fleet_events.session import TurnRequested, session_filter
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.secrets import SecretError, private_key_from_env
+from fleet_mesh.service import ServiceContext
 from fleet_mesh.store import EventStore
 
 log = logging.getLogger("fleet.agent.chat")
@@ -73,6 +77,14 @@ class ChatOptions:
     context_threshold: int = escalation.CONTEXT_THRESHOLD
     react_max_iters: int = 15
     clarify_timeout_s: float = 600.0
+
+    @classmethod
+    def of(cls, settings: ChatSettings) -> "ChatOptions":
+        return cls(
+            context_threshold=settings.context_threshold,
+            react_max_iters=settings.react_max_iters,
+            clarify_timeout_s=settings.clarify_timeout_s,
+        )
 
 
 class ChatFailed(RuntimeError):
@@ -159,6 +171,26 @@ class ChatRunner:
                 self._on_turn_end(chat.state)
             close = CloseTree(request_id=derived_id("close", tree), tree=tree, reason="turn ended")
             await _on_bus(mesh, rpc.call_verb(mesh.bus.nc, bus.CLOSE_TREE, close, timeout=15))
+
+
+async def chat_runner(ctx: ServiceContext) -> ChatRunner:
+    """The runner `FLEET_AGENT_RUNNER=chat` selects, on connections of its own (as the
+    engine's: dspy calls back from its threads); it needs the services' private key to open
+    model keys."""
+    key = private_key_from_env()
+    if key is None:
+        raise SecretError(
+            "FLEET_AGENT_RUNNER=chat needs the services' private key: "
+            "set FLEET_SECRETS_KEY to its file"
+        )
+    url = ctx.nc.connected_url.geturl() if ctx.nc.connected_url else ""
+    pool = MeshPool(url, ctx.actor, key)
+
+    async def stop() -> None:
+        await asyncio.to_thread(pool.close)
+
+    ctx.on_stop.append(stop)
+    return ChatRunner(pool, EngineSettings().task(), ChatOptions.of(ChatSettings()))
 
 
 async def _mirror(token: CancelToken, ctx: RunContext) -> None:
@@ -398,4 +430,4 @@ class RlmRouteFailed(RuntimeError):
     """The RLM route's run ended without an answer (its own record says why)."""
 
 
-__all__ = ["ChatFailed", "ChatOptions", "ChatRunner", "Escalated", "load_session"]
+__all__ = ["ChatFailed", "ChatOptions", "ChatRunner", "chat_runner", "load_session"]

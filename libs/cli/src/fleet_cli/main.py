@@ -16,7 +16,14 @@ from fleet_cli import display
 from fleet_cli.children import ChildView
 from fleet_cli.localllm.errors import LocalLlmError
 from fleet_cli.localllm.paths import Cache, default_cache
-from fleet_cli.localllm.up import AUTO, LlmOptions, LlmUnavailable, check_mode, hook
+from fleet_cli.localllm.up import (
+    AUTO,
+    LlmOptions,
+    LlmUnavailable,
+    check_mode,
+    hook,
+    secrets_env,
+)
 from fleet_cli.mesh import CannotStart, UpOptions, preflight, up
 from fleet_cli.status import ask, gateway_url, wait_ready
 from fleet_mesh.logs import JsonFormatter
@@ -82,6 +89,9 @@ def up_command(
     llm_options = LlmOptions(
         mode=llm, data_dir=data_dir, port=llm_port or free_port(), cache=Cache(default_cache())
     )
+    # The services' key pair before anything starts: the bootstrap seals FLEET_LLM_API_KEY with
+    # it, the agent opens sealed keys with it (an operator's FLEET_SECRETS_* wins).
+    os.environ.update(secrets_env(data_dir, os.environ))
     _logging(data_dir / "logs" / "fleet-up.log")
     try:
         asyncio.run(_up(options, llm_options, ready_timeout))

@@ -9,7 +9,11 @@ here is that the chat agent hands it the turn, records the child run and uses it
 """
 
 import asyncio
+import http.server
+import ipaddress
+import json
 import os
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +29,7 @@ from nats.js import JetStreamContext
 
 from fleet_agent.chat.runner import ChatFailed, ChatOptions, ChatRunner
 from fleet_agent.chat.tools import TurnState
+from fleet_agent.chat.urls import UrlLoader, public_only
 from fleet_agent.engine.mesh import MeshPool
 from fleet_agent.engine.model import EngineMesh, RlmResult, RlmTask, RunContext, root_run_id
 from fleet_agent.lenient import LenientCodec
@@ -40,6 +45,7 @@ from fleet_events.run import (
     FellBack,
     IterationPlanned,
     LlmCalled,
+    RunCancelled,
     RunCompleted,
     RunFailed,
     RunStarted,
@@ -186,15 +192,23 @@ class Chat:
                 continue
         raise AssertionError("the log kept moving")
 
-    def runner(self, engine: StandInEngine | None = None, **options: Any) -> ChatRunner:
+    def runner(
+        self, engine: StandInEngine | None = None, urls: UrlLoader | None = None, **options: Any
+    ) -> ChatRunner:
         return ChatRunner(
             self.pool, RlmTask(inputs={}), ChatOptions(**options),
-            engine=engine or StandInEngine(), sandbox_of=no_sandbox,
+            engine=engine or StandInEngine(), sandbox_of=no_sandbox, urls=urls,
             on_turn_end=self.ended.append,
         )  # fmt: skip
 
     async def turn(
-        self, message: str, *, mode: str = "auto", runner: ChatRunner | None = None, **opts: Any
+        self,
+        message: str,
+        *,
+        mode: str = "auto",
+        runner: ChatRunner | None = None,
+        token: CancelToken | None = None,
+        **opts: Any,
     ) -> tuple[str, Answered | Stopped]:
         turn = new_id()
         await self.append(turn, TurnRequested(message=message, mode=mode))
@@ -203,7 +217,7 @@ class Chat:
             tenant=self.tenant, session=self.session, turn=turn, message=message, attempt=1,
             replica="chat-test",
         )  # fmt: skip
-        return turn, await chosen.run(given, CancelToken())
+        return turn, await chosen.run(given, token or CancelToken())
 
     async def events(self, subject: str) -> list[Event]:
         assert self.store is not None
@@ -491,3 +505,99 @@ async def test_the_state_restored_after_a_turn_equals_the_live_state(chat: Chat)
         *live.history,
         {"question": "Remember me and load the documents", "answer": "done"},
     ]
+
+
+def tiny_pdf(text: str) -> bytes:
+    """A one-page PDF with `text` drawn in Helvetica, written by hand (no PDF writer needed)."""
+    stream = f"BT /F1 18 Tf 20 100 Td ({text}) Tj ET".encode()
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 144] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    for offset in offsets:
+        out += b"%010d 00000 n \n" % offset
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
+
+
+def _pdf_site(body: bytes) -> tuple[http.server.ThreadingHTTPServer, str]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/pdf")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/reports/q3.pdf"
+
+
+async def test_a_pdf_from_a_url_is_loaded_through_the_address_seam(chat: Chat) -> None:
+    """Every test host is loopback: the loader's `admit` seam lets this one site count as
+    public (the refusals are tests/unit/agent/test_urls.py)."""
+    server, url = _pdf_site(tiny_pdf("Quarterly revenue rose"))
+    site = ipaddress.ip_address("127.0.0.1")
+    urls = UrlLoader(admit=lambda ip: ip == site or public_only(ip))
+    script = [
+        act("fetch_web_document", json.dumps({"url": url})),
+        act("read_file_slice", '{"start_line": 1, "num_lines": 5}'),
+        act("finish"),
+        extract("revenue rose"),
+    ]
+    try:
+        with ScriptedLM(script) as fake:
+            await chat.open(fake)
+            turn, outcome = await chat.turn(f"Read {url}", runner=chat.runner(urls=urls))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert isinstance(outcome, Answered)
+    (loaded,) = of(await chat.log(), DocumentLoaded)
+    assert loaded.document.alias == "q3.pdf"
+    assert (loaded.document.source, loaded.document.media_type) == ("url", "application/pdf")
+    assert loaded.document.origin == url
+    sliced = [
+        r for r in of(await chat.run_events(turn), ToolReturned) if r.tool == "read_file_slice"
+    ]
+    assert sliced[0].result == "1: Quarterly revenue rose\n[lines 1-1 of 1]"
+
+
+async def test_a_cancel_while_waiting_for_the_user_stops_the_run(chat: Chat) -> None:
+    token = CancelToken()
+    with ScriptedLM(
+        [act("ask_user", '{"question": "Which region?"}', thought="ask first")]
+    ) as fake:
+        await chat.open(fake)
+        running = asyncio.ensure_future(chat.turn("Deploy the code", token=token))
+
+        async def asked() -> InputRequested | None:
+            return next(iter(of(await chat.log(), InputRequested)), None)
+
+        await eventually(asked, timeout=30, what="the agent's question")
+        token.cancel("the user gave up")
+        turn, outcome = await asyncio.wait_for(running, 60)
+    assert outcome == Stopped("ask first")
+    events = await chat.run_events(turn)
+    assert isinstance(events[-1], RunCancelled)
+    assert events[-1].reason == "the user gave up"
+    assert events[-1].partial_answer == "ask first"
+    assert len(fake.requests) == 1  # no step after the cancel

@@ -15,6 +15,8 @@ environment, its first frame.
 - rlimits set by the runner from the first frame, before any user code.
 """
 
+import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -24,14 +26,16 @@ from fleet_sandbox_broker.providers import frames
 
 # The sandbox's root filesystem, built by allow-list in its own mount namespace: a tmpfs over
 # /tmp (private to the namespace) becomes `/`, holding only SHOW (directories bound, links
-# copied), the ETC files under /etc, /proc, a minimal /dev, an empty /tmp and the sandbox
-# root at its own path (so roots under /tmp, as in tests, still resolve), mounted nosuid and
-# nodev; then pivot_root into it and return to the workspace (the cwd it was started in).
-# Args: $1 root, $2 SHOW, $3 ETC, $4 HIDE, volume binds
-# (source target) up to "--", then the command.
+# copied), `/etc` (the provider's copy of the ETC entries, bound), /proc, a minimal /dev (its
+# nodes copied onto a tmpfs of its own), an empty /tmp and the sandbox root at its own path
+# (so roots under /tmp, as in tests, still resolve), mounted nosuid and nodev; then
+# pivot_root into it and return to the workspace (the cwd it was started in). Every external
+# command is a process start, and they are most of a cold create: each step does in one
+# what it can. Args: $1 root, $2 SHOW, $3 HIDE (paths without spaces), volume binds (source
+# target) up to "--", then the command.
 SETUP_SH = """set -e
-R="$1"; SHOW="$2"; ETC="$3"; HIDE="$4"; shift 4
-W="$(pwd)"
+R="$1"; SHOW="$2"; HIDE="$3"; shift 3
+W="$PWD"
 while [ "$1" != "--" ]; do
   mount --no-canonicalize --bind "$1" "$2"
   mount --no-canonicalize -o remount,bind,nosuid,nodev "$2"
@@ -40,25 +44,25 @@ done
 shift
 exec 8<"$R"
 N=/tmp
-mount -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs "$N"
-copy() {
-  if [ -L "$1" ]; then ln -s "$(readlink "$1")" "$N$1"
-  elif [ -d "$1" ]; then mkdir -p "$N$1"; mount --rbind "$1" "$N$1"
-  elif [ -e "$1" ]; then : > "$N$1"; mount --bind "$1" "$N$1"
+mount -t tmpfs -o size=64k,mode=755,nosuid,nodev tmpfs "$N"
+LINKS=""; DIRS=""; MADE=""
+for d in $SHOW; do
+  if [ -L "$d" ]; then LINKS="$LINKS $d"
+  elif [ -d "$d" ]; then DIRS="$DIRS $d"; MADE="$MADE $N$d"
   fi
-}
-for d in $SHOW; do copy "$d"; done
-mkdir -p "$N/etc" "$N/proc" "$N/dev" "$N/tmp"
-for f in $ETC; do copy "/etc/$f"; done
+done
+DEV=""
+for f in null zero full random urandom fd stdin stdout stderr; do
+  if [ -e "/dev/$f" ] || [ -L "/dev/$f" ]; then DEV="$DEV /dev/$f"; fi
+done
+mkdir -p "$N/etc" "$N/proc" "$N/dev" "$N/tmp" "$N$R" $MADE
+if [ -n "$LINKS" ]; then cp -P --parents $LINKS "$N"; fi
+for d in $DIRS; do mount --rbind "$d" "$N$d"; done
+mount --rbind /proc/self/fd/8/.broker/etc "$N/etc"
 mount --rbind /proc "$N/proc"
 mount -t tmpfs -o size=16k,mode=755,nosuid,noexec tmpfs "$N/dev"
-for f in null zero full random urandom; do copy "/dev/$f"; done
-ln -s /proc/self/fd "$N/dev/fd"
-ln -s /proc/self/fd/0 "$N/dev/stdin"
-ln -s /proc/self/fd/1 "$N/dev/stdout"
-ln -s /proc/self/fd/2 "$N/dev/stderr"
+cp -a $DEV "$N/dev/"
 mount -o remount,ro,bind "$N/dev"
-mkdir -p "$N$R"
 mount --no-canonicalize --rbind /proc/self/fd/8 "$N$R"
 exec 8<&-
 mount --no-canonicalize -o remount,bind,nosuid,nodev "$N$R"
@@ -85,6 +89,21 @@ ETC = (
 
 HIDE: tuple[str, ...] = ()  # the allow-list shows none of /home, /root, /work, /run, /var ...
 MIB = 1024 * 1024
+
+
+def prepare_etc(target: Path) -> None:
+    """The `/etc` every sandbox of this provider sees: a copy of the ETC entries (links kept
+    as links), made at start, bound read-only-by-ownership into each sandbox (root's, 755)."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(mode=0o755)
+    for name in ETC:
+        source = Path("/etc") / name
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target / name)
+        elif source.is_dir():
+            shutil.copytree(source, target / name, symlinks=True)
+        elif source.is_file():
+            shutil.copy2(source, target / name)
 
 
 def sandbox_env(directory: Path) -> dict[str, str]:
@@ -114,7 +133,7 @@ def argv(
         pairs += [str(source), str(directory / "workspace" / target)]
     return [
         "unshare", "--net", "--mount", "--", "/bin/sh", str(setup),
-        str(root), " ".join(show), " ".join(ETC), " ".join(hide), *pairs, "--",
+        str(root), " ".join(show), " ".join(hide), *pairs, "--",
         "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
         "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",
         python, "-I", str(directory / "runner.py"),

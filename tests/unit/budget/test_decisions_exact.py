@@ -111,6 +111,7 @@ COUNTS = [
     (OPEN, "max_llm_calls", 0, None),
     (OPEN, "max_depth", 0, 64),
     (OPEN, "max_tokens", 1, None),
+    (OPEN, "max_steps_per_run", 1, 10_000),
     (GRANT, "calls", 1, MAX_CALLS_PER_GRANT),
     (USAGE, "calls", 0, MAX_CALLS_PER_GRANT),
     (USAGE, "prompt_tokens", 0, None),
@@ -237,6 +238,42 @@ def test_grants_and_each_refusal_in_full() -> None:
         reason="tree_closed",
         remaining=2,
         message="budget spent: tree 't1' is closed",
+    )
+
+
+def test_a_runs_steps_draw_on_its_own_allowance_and_each_refusal_is_in_full() -> None:
+    state = opened(max_steps_per_run=3, max_tokens=100, max_cost=1.0)
+    state.granted = 4
+    step = Grant(request_id="s1", tree="t1", run="root", calls=3, kind="step")
+    assert decide(state, step) == Decision(
+        Granted(run="root", calls=3, granted_total=4, remaining=6, kind="step"), new=True
+    )  # the whole allowance of a run that has used none; the tree's count is untouched
+    evolve(state, "s1", decide(state, step).event)
+    one_more = msgspec.structs.replace(step, request_id="s2", calls=1)
+    assert decide(state, one_more).event == GrantRefused(
+        run="root",
+        calls=1,
+        reason="calls_exhausted",
+        remaining=6,
+        message="budget spent: run 'root' asked for 1 step call(s) with 3 of its 3 used "
+        "(max_iters plus the extract step)",
+    )
+    other_run = msgspec.structs.replace(one_more, run="child")
+    state.tokens_used = 100
+    assert decide(state, other_run).event == GrantRefused(
+        run="child",
+        calls=1,
+        reason="tokens_exhausted",
+        remaining=6,
+        message="budget spent: 100 of 100 tokens used",
+    )
+    state.tokens_used, state.cost_used = 0, 1.0
+    assert decide(state, other_run).event == GrantRefused(
+        run="child",
+        calls=1,
+        reason="cost_exhausted",
+        remaining=6,
+        message="budget spent: cost 1.0000 of 1.0000",
     )
 
 

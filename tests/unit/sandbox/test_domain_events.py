@@ -47,7 +47,9 @@ def test_deletions_and_contexts() -> None:
     assert domain.reaped("c", "its replica r1 is gone") == sb.SandboxDeleted(
         sandbox="c", reason="reaped: its replica r1 is gone, and a child never outlives its task"
     )
-    assert domain.deleted("s", "requested") == sb.SandboxDeleted(sandbox="s", reason="requested")
+    assert domain.deleted("s", "replaced: gone") == sb.SandboxDeleted(
+        sandbox="s", reason="replaced: gone"
+    )
     assert domain.context_opened("s", "ctx", "i1") == sb.ContextOpened(
         sandbox="s", context="ctx", interpreter="i1"
     )
@@ -161,8 +163,9 @@ def test_a_reply_exactly_at_the_budget_is_untouched() -> None:
 
 @pytest.mark.parametrize("budget", [4_000, 20_000])
 def test_a_cut_reply_uses_nearly_all_of_its_budget(budget: int) -> None:
-    for stdout, value in (("o" * 50_000, "v" * 50_000), ("o" * 100, "v" * 90_000),
-                          ("o" * 90_000, "v" * 100)):  # fmt: skip
+    cases = [("o" * 50_000, "v" * 50_000), ("o" * 100, "v" * 90_000), ("o" * 90_000, "v" * 100),
+             ("o" * (budget * 2 // 5), "v" * 90_000)]  # fmt: skip
+    for stdout, value in cases:
         fitted = domain.fit_reply(
             sb.ExecuteReply(kind="result", value=value, stdout=stdout), budget
         )
@@ -195,6 +198,7 @@ def test_a_cut_never_passes_its_share_even_where_escapes_weigh_double() -> None:
     assert domain._cut(text, 150, 60) == '"' * 20
     light = 'a"' * 50
     assert domain._cut(light, 150, 50) == light[:33]
+    assert domain._cut("abc", 3, 0) == ""
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from fleet_events import Actor, Envelope, Event, bus, new_id, streams, utc_now
 from fleet_events.budget import GetStatus, TreeStatus
 from fleet_events.codec import Codec, CodecError
 from fleet_events.llm import LlmProfile
+from fleet_events.sandbox import sandbox_subject
 from fleet_events.session import (
     SandboxAttached,
     TurnCancelled,
@@ -158,8 +159,20 @@ class Session:
         return [e.data for e in await self.read(log_subject(self.tenant, self.session))]
 
     async def run_events(self, turn: str) -> list[Event]:
-        run = root_run_id(self.tenant, self.session, turn)
+        return await self.events_of(root_run_id(self.tenant, self.session, turn))
+
+    async def events_of(self, run: str) -> list[Event]:
         return [e.data for e in await self.read(run_subject(self.tenant, self.session, run))]
+
+    async def head_of(self, run: str) -> str:
+        last = await self.store.last(run_subject(self.tenant, self.session, run))
+        assert last is not None, f"run {run} has no events"
+        return last.hash
+
+    async def sandbox_events(self, sandbox: str) -> list[Event]:
+        js = self.nc.jetstream()
+        store = EventStore(js, streams.SANDBOXES, self.codec)
+        return [s.envelope.data async for s in store.replay(sandbox_subject(self.tenant, sandbox))]
 
     async def ended(self, turn: str, timeout: float = 60.0) -> Event:
         async def probe() -> Event | None:

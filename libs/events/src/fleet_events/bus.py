@@ -264,6 +264,12 @@ CHANNELS: tuple[Channel, ...] = (
         payload=session.TurnWork,
     ),
     Channel(
+        "agent-child-run", run.CHILD_RUN_WORK_SUBJECT, "work", "WORK",
+        "one child run of a recursive tree (`sub_rlm`), published by its parent after the child "
+        "sandbox is built (`Nats-Msg-Id` is the child run id); acked once the run's end is stored",
+        payload=run.ChildRunWork,
+    ),
+    Channel(
         "live", "fleet.live.{tenant}.{session}", "live", None,
         "unpersisted deltas for watchers; everything that matters is also an event",
         payload=LiveDelta,

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from fleet_events import subjects
 from fleet_events.envelope import BlobRef, Event
 
 # -- values named by the events below -------------------------------------------------------
@@ -239,6 +240,42 @@ class RunCancelled(Event, frozen=True, kw_only=True, tag="run.cancelled"):
 
     reason: str = ""
     partial_answer: str = ""
+
+
+# -- child runs as work -------------------------------------------------------------------------
+
+CHILD_RUN_WORK_SUBJECT = subjects.work("agent", "child_run")
+
+
+class ChildRunWork(msgspec.Struct, frozen=True, kw_only=True):
+    """The work item on `fleet.work.agent.child_run`: one child run of a tree, ready to start.
+
+    Its `Nats-Msg-Id` is the child run id (derived from the parent run and its tool call), so a
+    parent that publishes twice starts one child. The child sandbox is built by the parent
+    (`build_child`) before the item is published; the replica that runs the child deletes it
+    when the run ends. `deadline` is the tree's (seconds since the epoch): a child waiting on
+    its own children waits no longer than its root may.
+    """
+
+    tenant: str
+    session: str
+    turn: str
+    tree: str
+    parent_run: str
+    child_run: str
+    call_id: str
+    depth: int
+    task: str
+    sandbox: str
+    context: str
+    branch: str
+    signature: str = "task -> answer"
+    max_iters: int = 10
+    max_llm_calls: int = 50
+    max_output_chars: int = 10_000
+    planner_role: str = "planner"
+    delegate_role: str = "delegate"
+    deadline: float = 0.0
 
 
 TERMINAL: tuple[type[Event], ...] = (RunCompleted, RunFailed, RunCancelled)

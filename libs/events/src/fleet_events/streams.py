@@ -24,6 +24,8 @@ class KvSpec:
     history: int = 1
     max_value_size: int = 1024 * 1024
     description: str = ""
+    ttl_s: float | None = None
+    """Entries expire this long after they are written (None: never)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,14 @@ SECRETS = KvSpec(
     max_value_size=64 * 1024,
     description="secrets sealed to the services' public key: services read, the gateway writes",
 )
-KV_BUCKETS = (CONFIG, SNAPSHOTS, SECRETS)
+TICKETS = KvSpec(
+    "fleet-tickets",
+    history=1,
+    max_value_size=4 * 1024,
+    ttl_s=300.0,
+    description="single-use WebSocket tickets: any gateway replica redeems one exactly once",
+)
+KV_BUCKETS = (CONFIG, SNAPSHOTS, SECRETS, TICKETS)
 
 BLOBS = ObjectStoreSpec("fleet-blobs", description="payloads over the inline limit")
 OBJECT_STORES = (BLOBS,)
@@ -97,4 +106,14 @@ TURN_WORKERS = ConsumerSpec(
     max_deliver=4,
     description="turns, pulled by any agent replica with a free slot",
 )
-CONSUMERS = (TURN_DISPATCH, TURN_WORKERS)
+CHILD_RUN_WORKERS = ConsumerSpec(
+    WORK.name,
+    "agent-child-run",
+    "fleet.work.agent.child_run",
+    # A redelivery finds the run started and records it failed (no resume yet, issue 16):
+    # three deliveries cover a dead holder and a death while recording that.
+    max_deliver=3,
+    description="child runs of recursive trees (sub_rlm), pulled by any agent replica with a "
+    "free child slot",
+)
+CONSUMERS = (TURN_DISPATCH, TURN_WORKERS, CHILD_RUN_WORKERS)

@@ -65,6 +65,8 @@ class WorkStats:
     handled: int = 0
     progress_sent: int = 0
     failed: int = 0
+    lent: int = 0
+    """Slots handlers have lent back while they wait (`WorkConsumer.lend_slot`)."""
 
 
 class WorkConsumer:
@@ -155,6 +157,19 @@ class WorkConsumer:
             self.stats.running -= 1
             self.stats.handled += 1
             self._slots.release()
+
+    def lend_slot(self) -> None:
+        """A running handler gives its slot back while it waits on work it published itself
+        (a parent run waiting on its child runs), so that work can run here meanwhile: a
+        replica whose every slot held a waiting parent would otherwise never run the
+        children they wait for. The handler calls `reclaim_slot` before it goes on. Call
+        both on this consumer's loop."""
+        self._slots.release()
+        self.stats.lent += 1
+
+    async def reclaim_slot(self) -> None:
+        await self._slots.acquire()
+        self.stats.lent -= 1
 
     async def _settle(self, msg: Msg, settle: Settle) -> None:
         if settle is Settle.ACK:

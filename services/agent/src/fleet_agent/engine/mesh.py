@@ -14,6 +14,8 @@ from fleet_agent.engine.model import EngineMesh
 from fleet_agent.lm import LmServices
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import Actor, streams
+from fleet_events.codec import Codec
+from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.runtime_config import LlmConfig
 from fleet_mesh.secrets import SecretsReader
 from fleet_mesh.store import open_store
@@ -44,7 +46,8 @@ class MeshPool:
             secrets=bus.run(SecretsReader.open_reader(js, self._key), timeout=10),
         )
         store = bus.run(open_store(js, streams.SESSIONS), timeout=10)
-        return EngineMesh(bus=bus, lm=lm, store=store, actor=self._actor)
+        codec = Codec(bus.run(JetStreamBlobs.open(js), timeout=10))
+        return EngineMesh(bus=bus, lm=lm, store=store, codec=codec, actor=self._actor)
 
     def close(self) -> None:
         for mesh in self._meshes.values():

@@ -8,16 +8,20 @@ the record it finds there is its own (issue 16 resumes from it; today a second a
 refused by the store's head check instead of writing a second history).
 """
 
+import asyncio
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fleet_agent.lm import LmServices
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import Actor
+from fleet_events.codec import Codec
 from fleet_mesh.store import EventStore
+
+T = TypeVar("T")
 
 DEFAULT_SIGNATURE = "task -> answer"
 
@@ -69,7 +73,12 @@ class EngineMesh:
     bus: SandboxBus
     lm: LmServices
     store: EventStore
+    codec: Codec
     actor: Actor
+
+    async def on_bus(self, work: Coroutine[Any, Any, T]) -> T:
+        """Await `work` run on the bus's loop (where these handles live) from another loop."""
+        return await asyncio.wrap_future(self.bus.submit(work))
 
 
 class CancelFlag:
@@ -133,6 +142,42 @@ class RunContext:
     parent_run: str | None = None
     parent_call: str = ""
     cancel: CancelFlag = field(default_factory=CancelFlag)
+    context: str | None = None
+    """The REPL context the run's own interpreter opens (a child's, named by `build_child`:
+    a fork's REPL state lives there); None: a fresh one."""
+    deadline: float | None = None
+    """The tree's deadline (seconds since the epoch): host tools waiting on child runs wait
+    no longer (the broker's 600 s callback default is no bound for a tree)."""
+    slot: "SlotLease | None" = None
+    """The work slot this run holds, lent back while it waits on its children."""
+
+
+class SlotLease:
+    """A run's work slot, lent back to its consumer while the run waits on child runs.
+
+    Called from dspy's threads; the consumer lives on the service's loop. Nested and parallel
+    waits of one run lend the one slot once (a count), never more slots than the run holds.
+    """
+
+    def __init__(self, lend: Callable[[], object], reclaim: Callable[[], object]) -> None:
+        self._lend = lend
+        self._reclaim = reclaim
+        self._lock = threading.Lock()
+        self._waits = 0
+
+    def begin_wait(self) -> None:
+        with self._lock:
+            self._waits += 1
+            first = self._waits == 1
+        if first:
+            self._lend()
+
+    def end_wait(self) -> None:
+        with self._lock:
+            self._waits -= 1
+            last = self._waits == 0
+        if last:
+            self._reclaim()
 
 
 @dataclass(frozen=True)
@@ -149,6 +194,8 @@ class RlmResult:
     llm_calls: int = 0
     head_hash: str = ""
     retryable: bool = False
+    fenced: bool = False
+    """Another holder appended to the run: this replica recorded nothing more."""
 
 
 class RunFenced(RuntimeError):

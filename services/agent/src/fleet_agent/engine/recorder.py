@@ -27,6 +27,10 @@ from fleet_events.session import run_subject
 from fleet_events.subjects import live
 from fleet_mesh.store import EMPTY, AppendConflict, Head
 
+TOOL_CALL = threading.local()
+"""`current`: (call id, REPL context) of the host tool call this thread is running, for the
+tools that record against it (`sub_rlm`)."""
+
 INLINE_BYTES = 32 * 1024
 APPEND_TIMEOUT_S = 30.0
 

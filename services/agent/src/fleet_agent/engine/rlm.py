@@ -19,6 +19,7 @@ Two of dspy's in-process limits are handed to the mesh instead:
 """
 
 import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import dspy
+import msgspec
 from dspy.primitives.code_interpreter import (
     CodeExecutionError,
     CodeInterpreterError,
@@ -33,6 +35,7 @@ from dspy.primitives.code_interpreter import (
 from dspy.primitives.facade import CONSTRUCT_TOOL
 from pydantic_core import to_jsonable_python
 
+from fleet_agent.engine.children import ChildRuns
 from fleet_agent.engine.model import (
     RlmResult,
     RlmTask,
@@ -40,7 +43,7 @@ from fleet_agent.engine.model import (
     RunContext,
     RunFenced,
 )
-from fleet_agent.engine.recorder import INLINE_BYTES, RunRecorder
+from fleet_agent.engine.recorder import INLINE_BYTES, TOOL_CALL, RunRecorder
 from fleet_agent.interpreter import EXECUTION_INSTRUCTIONS, RemoteInterpreter
 from fleet_agent.lm import CallScope, budgeted_lm
 from fleet_agent.sandbox_bus import SandboxBus
@@ -76,6 +79,10 @@ FACADE_RLM_REFUSED = (
 )
 
 STDOUT_INLINE = 8 * 1024
+
+CHILD_SETTLE_S = 90.0
+"""How long a run's end waits for sub_rlm calls its interrupted cells left running (a child
+records its own end within the cancel grace, and the call then records the parent's side)."""
 
 
 def _preview(value: Any) -> Any:
@@ -166,6 +173,8 @@ class RecordingInterpreter(RemoteInterpreter):
         cell = recorder.next_cell_id()
         outer, recorder.current_cell = recorder.current_cell, cell
         self._reply = None
+        if self._hooks.ctx.deadline is not None:  # host tools wait on children up to it
+            self.callback_timeout_s = max(1.0, self._hooks.ctx.deadline - time.time())
         release = self._hooks.ctx.cancel.on_set(self._interrupt)
         if self._hooks.ctx.cancel.is_set:  # set before the cell began: it never runs
             release()
@@ -230,6 +239,23 @@ class RecordingInterpreter(RemoteInterpreter):
             return sb.ToolReply(ok=False, error=FACADE_RLM_REFUSED)
         if call.name in LLM_TOOLS:
             return super()._on_tool(call)
+        TOOL_CALL.current = (call.request_id, self.context)
+        try:
+            return self._recorded_tool(self._by_name(call))
+        finally:
+            TOOL_CALL.current = None
+
+    def _by_name(self, call: sb.ToolCall) -> sb.ToolCall:
+        """dspy wraps user tools as keyword-only `invoke(**kwargs)` (with the function's
+        signature attached), and sandbox code calls them positionally: bind the arguments to
+        their names here, so `sub_rlm_batched(tasks)` reaches the tool as `tasks=...`."""
+        tool = self.tools.get(call.name)
+        if tool is None or not call.args:
+            return call
+        named = _keywords(tool, call)
+        return call if isinstance(named, str) else named
+
+    def _recorded_tool(self, call: sb.ToolCall) -> sb.ToolReply:
         recorder = self._hooks.recorder
         cell = recorder.current_cell
         args = {"args": _preview(call.args), "kwargs": _preview(call.kwargs)}
@@ -252,6 +278,14 @@ class RecordingInterpreter(RemoteInterpreter):
         return reply
 
 
+def _keywords(tool: Callable[..., Any], call: sb.ToolCall) -> sb.ToolCall | str:
+    try:
+        bound = inspect.signature(tool).bind(*call.args, **call.kwargs)
+    except TypeError as exc:
+        return f"{call.name}: {exc}"
+    return msgspec.structs.replace(call, args=[], kwargs=dict(bound.arguments))
+
+
 def _facade_kind(call: sb.ToolCall) -> object:
     return call.kwargs.get("kind", call.args[0] if call.args else None)
 
@@ -264,10 +298,16 @@ class RecordingFactory:
     def __init__(self, hooks: RunHooks, **options: Any) -> None:
         self.hooks = hooks
         self.options = options
+        self._first = True
 
     def __call__(self) -> RecordingInterpreter:
+        """The run's own interpreter opens the run's context (a child's, from `build_child`);
+        nested ones (facade sub-agents) get fresh contexts on the same sandbox."""
         ctx = self.hooks.ctx
-        return RecordingInterpreter(ctx.mesh.bus, ctx.sandbox, hooks=self.hooks, **self.options)
+        context, self._first = (ctx.context if self._first else None), False
+        return RecordingInterpreter(
+            ctx.mesh.bus, ctx.sandbox, hooks=self.hooks, context=context, **self.options
+        )
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -285,14 +325,18 @@ async def run_rlm(
     """
     recorder = RunRecorder(ctx)
     hooks = RunHooks(ctx, recorder)
+    children = ChildRuns(task, ctx, recorder)
     try:
         await recorder.arecord(_started(task, ctx))
-        prediction = await asyncio.to_thread(_forward, task, ctx, hooks, tools or [])
+        offered = [*(tools or []), *children.tools()]
+        try:
+            prediction = await asyncio.to_thread(_forward, task, ctx, hooks, offered)
+        finally:
+            # an interrupted cell leaves its tool call running: its child events come first
+            await asyncio.to_thread(children.idle, CHILD_SETTLE_S)
     except RunFenced as exc:
         log.warning("run fenced: recording nothing more", extra={"run": ctx.run, "why": str(exc)})
-        return RlmResult(
-            status="failed", error=str(exc), retryable=True, head_hash=recorder.head.hash
-        )
+        return RlmResult(status="failed", error=str(exc), retryable=True, fenced=True)
     except RunCancelledError:
         partial = hooks.last_reasoning
         return await _end(
@@ -336,7 +380,7 @@ async def _end(
     try:
         head = await recorder.arecord(event)
     except RunFenced as exc:
-        return RlmResult(status="failed", error=str(exc), retryable=True)
+        return RlmResult(status="failed", error=str(exc), retryable=True, fenced=True)
     return RlmResult(
         status=status, iterations=hooks.iterations, llm_calls=recorder.llm_calls,
         head_hash=head.hash, **fields,

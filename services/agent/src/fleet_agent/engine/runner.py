@@ -16,8 +16,10 @@ both.
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any
 
+from fleet_agent.engine.child_worker import ChildRunWorker
 from fleet_agent.engine.mesh import MeshPool
 from fleet_agent.engine.model import (
     EngineMesh,
@@ -41,6 +43,7 @@ from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.secrets import SecretError, private_key_from_env
 from fleet_mesh.service import ServiceContext
 from fleet_mesh.store import AppendConflict, EventStore
+from fleet_mesh.work import WorkConsumer
 
 log = logging.getLogger("fleet.agent.engine")
 
@@ -53,9 +56,10 @@ class RlmRunFailed(RuntimeError):
 class RlmTurnRunner:
     restartable = False
 
-    def __init__(self, pool: MeshPool, task: RlmTask) -> None:
+    def __init__(self, pool: MeshPool, task: RlmTask, *, deadline_s: float = 3600.0) -> None:
         self._pool = pool
         self._task = task
+        self._deadline_s = deadline_s
 
     async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped:
         mesh = await self._pool.get(turn.tenant)
@@ -72,7 +76,7 @@ class RlmTurnRunner:
             sandbox = await session_sandbox(mesh, turn.tenant, turn.session, turn.turn)
             ctx = RunContext(
                 tenant=turn.tenant, session=turn.session, turn=turn.turn, run=run, tree=tree,
-                sandbox=sandbox, mesh=mesh,
+                sandbox=sandbox, mesh=mesh, deadline=time.time() + self._deadline_s,
             )  # fmt: skip
             mirror = asyncio.ensure_future(_mirror_cancel(token, ctx))
             try:
@@ -101,14 +105,35 @@ async def engine_runner(
             "FLEET_AGENT_RUNNER=rlm needs the services' private key: "
             "set FLEET_SECRETS_KEY to its file"
         )
+    settings = settings or EngineSettings()
     url = ctx.nc.connected_url.geturl() if ctx.nc.connected_url else ""
     pool = MeshPool(url, ctx.actor, key)
+    children = ChildRunWorker(pool, ctx.log)
+    consumer = WorkConsumer(
+        ctx.js, settings.child_consumer(), children.handle, slots=settings.child_slots, log=ctx.log
+    )
+    children.consumer = consumer
+    await consumer.start()
 
     async def stop() -> None:
+        await consumer.stop()
         await asyncio.to_thread(pool.close)
 
     ctx.on_stop.append(stop)
-    return RlmTurnRunner(pool, (settings or EngineSettings()).task())
+    details = ctx.ping_details
+
+    def with_children() -> dict[str, Any]:
+        return {
+            **details(),
+            "child_slots": consumer.slots,
+            "children_running": consumer.stats.running,
+            "children_peak": consumer.stats.peak,
+            "children_handled": consumer.stats.handled,
+            "child_slots_lent": consumer.stats.lent,
+        }
+
+    ctx.ping_details = with_children
+    return RlmTurnRunner(pool, settings.task(), deadline_s=settings.tree_deadline_s)
 
 
 async def _mirror_cancel(token: CancelToken, ctx: RunContext) -> None:
@@ -149,7 +174,7 @@ async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: st
         reason = "replaced"
     else:
         create = sb.CreateSandbox(
-            request_id=new_id(), tenant=tenant, labels={"session": session},
+            request_id=new_id(), tenant=tenant, labels={"session": session, "role": "session"},
             volume=known.volume if known else None,
             volume_subpath=known.volume_subpath if known else None,
             repo_url=known.repo_url if known else None, ref=known.ref if known else None,

@@ -1,9 +1,12 @@
 """The engine's limits per turn, read once from `FLEET_ENGINE_*` environment variables."""
 
+from dataclasses import replace
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet_agent.engine.model import RlmTask
+from fleet_events import streams
 
 
 class EngineSettings(BaseSettings):
@@ -18,6 +21,16 @@ class EngineSettings(BaseSettings):
     """How deep child runs may nest (the root is depth 0)."""
     cell_wall_s: float | None = Field(default=None, gt=0, le=3600)
     """A cell's wall-clock limit (host tool time excluded); None: the broker's default."""
+    tree_deadline_s: float = Field(default=3600.0, gt=0, le=86_400)
+    """How long a turn's tree may run: host tools waiting on child runs wait no longer."""
+    child_slots: int = Field(default=2, ge=1, le=256)
+    """Child runs one replica runs at once (apart from turn slots); a child waiting on its
+    own children lends its slot back, so this bounds work, never the tree's shape."""
+    ack_wait_s: float = Field(default=30.0, ge=0.5, le=3600)
+    """The child-run consumer's ack deadline (progress is sent every third of it)."""
+
+    def child_consumer(self) -> streams.ConsumerSpec:
+        return replace(streams.CHILD_RUN_WORKERS, ack_wait_s=self.ack_wait_s)
 
     def task(self) -> RlmTask:
         return RlmTask(

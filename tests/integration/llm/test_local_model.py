@@ -158,3 +158,54 @@ async def test_fleet_up_by_default_serves_the_local_model_behind_the_default_pro
     assert key not in logs  # ...and the key is in none of them
     with pytest.raises(httpx.ConnectError):  # the server went with the mesh
         await chat(config, key, "hi")
+
+
+async def test_one_command_to_a_real_model_seeds_it_with_its_key_sealed_and_starts_no_local_one(
+    tmp_path: Path,
+) -> None:
+    """The docs' one command: FLEET_LLM_MODEL, _API_BASE and _API_KEY on a fresh data dir. The
+    bootstrap seals the key with the key pair `fleet up` made (before, with no FLEET_SECRETS_*
+    set, it refused the key and `fleet up` died)."""
+    data_dir = tmp_path / "mesh"
+    output = tmp_path / "up.out"
+    planted = "sk-one-command-" + "5e" * 20
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "NATS_URL"))}
+    env |= {
+        "FLEET_LLM_MODEL": "openai/big-model",
+        "FLEET_LLM_API_BASE": "http://10.9.8.7:8000/v1",
+        "FLEET_LLM_API_KEY": planted,
+    }
+    argv = [sys.executable, "-m", "fleet_cli", "up", "--data-dir", str(data_dir)]
+    argv += ["--port", str(free_port()), "--nats-port", "0", "--grace", "5"]
+    with output.open("wb") as out:
+        mesh = await asyncio.create_subprocess_exec(
+            *argv, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        state = await eventually(
+            lambda: (
+                ((data_dir / "up.json").exists() and json.loads((data_dir / "up.json").read_text()))
+                or (mesh.returncode is not None and {"exited": mesh.returncode})
+            ),
+            timeout=120,
+            what="fleet up to start its services",
+        )
+        assert "exited" not in state, output.read_text()
+        nc = await connect(state["nats"], name="test")
+        try:
+            js = nc.jetstream()
+            stored = await (await LlmConfig.open(js)).find_profile(DEFAULT_PROFILE, tenant=None)
+            assert stored.profile.model == "openai/big-model"
+            private = load_private_key(data_dir / "secrets" / "services.key")
+            reader = await SecretsReader.open_reader(js, private)
+            assert await reader.get(stored.profile.secret or "", tenant=None) == planted
+        finally:
+            await nc.close()
+    finally:
+        mesh.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(mesh.wait(), 60)
+    printed = output.read_text(errors="replace")
+    assert "FLEET_LLM_MODEL is set; the local model is not started" in printed
+    assert not (data_dir / "logs" / "llm.log").exists()
+    logs = "".join(p.read_text(errors="replace") for p in (data_dir / "logs").glob("*.log"))
+    assert planted not in printed + logs

@@ -10,6 +10,7 @@ are tested in tests/integration/llm (slow tier).
 import asyncio
 import logging
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,11 +18,13 @@ import pytest
 from nats.aio.client import Client
 
 from fleet_cli.localllm import server, up
+from fleet_cli.localllm.build import Cancelled
 from fleet_cli.localllm.install import Installed
 from fleet_cli.localllm.paths import Cache
 from fleet_cli.localllm.profile import LOCAL_KEY_REF, LOCAL_MODEL
 from fleet_cli.supervisor import Supervisor
 from fleet_events.llm import DEFAULT_PROFILE, ROLES, LlmProfile
+from fleet_harness.waits import eventually
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer, free_port
@@ -245,4 +248,42 @@ async def test_fleet_llm_model_set_later_replaces_the_local_default_but_never_an
     kept = await llm.get_profile(DEFAULT_PROFILE)
     assert kept is not None
     assert kept.profile.model == "openai/big-model"
+    await nc.close()
+
+
+async def test_a_stop_during_the_install_cancels_it_and_starts_nothing(
+    tmp_path: Path,
+    supervisor: Supervisor,
+    private_nats: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C during a first install (minutes of compiling) must not wait for it to finish."""
+    monkeypatch.delenv("FLEET_LLM_MODEL", raising=False)
+    started = threading.Event()
+
+    def slow_install(cache: Cache, progress: object, *, cancel: threading.Event) -> Installed:
+        started.set()
+        if not cancel.wait(30):
+            raise AssertionError("the install was never told to stop")
+        raise Cancelled("building the server: cancelled")
+
+    monkeypatch.setattr(up, "ensure_installed", slow_install)
+    nc = await bootstrapped(private_nats)
+    stop = asyncio.Event()
+    said: list[str] = []
+
+    async def run() -> dict[str, str]:
+        return await up.hook(options(tmp_path, up.AUTO), said.append, stop)(
+            private_nats.url, supervisor
+        )
+
+    running = asyncio.create_task(run())
+    await eventually(started.is_set, timeout=10, what="the install to start")
+    stop.set()
+    assert await asyncio.wait_for(running, 10) == {
+        "FLEET_SECRETS_KEY": str(tmp_path / "data" / "secrets" / "services.key"),
+        "FLEET_SECRETS_PUBLIC_KEY": str(tmp_path / "data" / "secrets" / "services.pub"),
+    }
+    assert supervisor.children == []
+    assert said[-1] == "LLM: stopped before the local model was up"
     await nc.close()

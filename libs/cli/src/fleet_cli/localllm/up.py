@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from nacl.public import PublicKey
+from nats.js import JetStreamContext
 
 from fleet_cli.localllm import profile, server
 from fleet_cli.localllm.errors import LocalLlmError
@@ -76,33 +78,24 @@ def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -
             say("LLM: none (--llm none): no model server started")
             return {}
         extra = secrets_env(options.data_dir, os.environ)
+        public = public_key_from_env({**os.environ, **extra})
+        if public is None:  # secrets_env makes a pair unless the operator named one
+            raise LlmUnavailable(f"no services' public key: set {PUBLIC_KEY_ENV} to its file")
         nc = await connect(nats_url, name="fleet-up-llm")
         try:
             js = nc.jetstream()
-            llm = await LlmConfig.open(js)
-            if options.mode not in (AUTO, LOCAL):
-                if await llm.get_profile(options.mode) is None:
-                    raise LlmUnavailable(
-                        f"--llm {options.mode}: no global LLM profile {options.mode!r} is stored; "
-                        "create it through the config API, or use --llm local"
-                    )
-                say(f"LLM: the stored profile {options.mode!r}; no local model started")
+            elsewhere = await _model_elsewhere(js, options.mode, public)
+            if elsewhere:
+                say(f"LLM: {elsewhere}")
                 return extra
-            if options.mode == AUTO:
-                if profile.env_configured(os.environ):
-                    public = public_key_from_env({**os.environ, **extra})
-                    for change in await profile.hand_over_to_env(js, os.environ, public):
-                        log.info("seeded %s from FLEET_LLM_* (was the local model)", change)
-                elsewhere = profile.env_configured(os.environ) or await profile.stored_elsewhere(
-                    llm
-                )
-                if elsewhere:
-                    say(f"LLM: {elsewhere}; the local model is not started (--llm local forces it)")
-                    return extra
-            config = await start_local(options, supervisor, say, stop)
+            try:
+                config = await start_local(options, supervisor, say, stop)
+            except LocalLlmError:
+                if not stop.is_set():
+                    raise
+                say("LLM: stopped before the local model was up")  # Ctrl-C: a clean stop
+                return extra
             key = server.ensure_key(options.data_dir / "llm")
-            public = public_key_from_env({**os.environ, **extra})
-            assert public is not None  # secrets_env made one, or the operator named one
             for change in await profile.point_default_at(js, config.api_base, key, public):
                 log.info("seeded %s", change)
         finally:
@@ -110,6 +103,27 @@ def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -
         return extra
 
     return before_services
+
+
+async def _model_elsewhere(js: JetStreamContext, mode: str, public: PublicKey) -> str | None:
+    """Why the local model is not the one to start, or None when it is."""
+    llm = await LlmConfig.open(js)
+    if mode == LOCAL:
+        return None
+    if mode != AUTO:  # a profile's name
+        if await llm.get_profile(mode) is None:
+            raise LlmUnavailable(
+                f"--llm {mode}: no global LLM profile {mode!r} is stored; create it through "
+                "the config API, or use --llm local"
+            )
+        return f"the stored profile {mode!r}; no local model started"
+    if profile.env_configured(os.environ):
+        for change in await profile.hand_over_to_env(js, os.environ, public):
+            log.info("seeded %s from FLEET_LLM_* (was the local model)", change)
+    elsewhere = profile.env_configured(os.environ) or await profile.stored_elsewhere(llm)
+    if elsewhere:
+        return f"{elsewhere}; the local model is not started (--llm local forces it)"
+    return None
 
 
 async def start_local(
@@ -132,7 +146,7 @@ async def start_local(
     (child,) = supervisor.launch(
         server.child_spec(config, key, options.data_dir / "logs" / "llm.log")
     )
-    await wait_answering(config, key, child.alive, LOAD_TIMEOUT_S)
+    await wait_answering(config, key, lambda: child.alive() and not stop.is_set(), LOAD_TIMEOUT_S)
     say(f"LLM: local model server answering on {config.api_base}")
     return config
 
@@ -167,7 +181,10 @@ async def wait_answering(
             except httpx.HTTPError:
                 pass
             if not alive():
-                raise LlmUnavailable("the local LLM server exited while loading; see logs/llm.log")
+                raise LlmUnavailable(
+                    "the local LLM server exited (or fleet up was stopped) while it loaded; see "
+                    "logs/llm.log"
+                )
             if asyncio.get_running_loop().time() > deadline:
                 raise LlmUnavailable(
                     f"the local LLM server did not answer within {timeout:.0f}s; see logs/llm.log"

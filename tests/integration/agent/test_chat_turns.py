@@ -9,6 +9,9 @@ session's sandbox, and the chat run records it with the child chain's head.
 import pytest
 
 from fleet_agent.engine import root_run_id
+from fleet_agent.session_state import FOLD, answer_input
+from fleet_events import bus
+from fleet_events.bus import Ping
 from fleet_events.run import (
     ChildRunCompleted,
     Escalated,
@@ -17,8 +20,20 @@ from fleet_events.run import (
     RunStarted,
     ToolReturned,
 )
-from fleet_events.session import MemoryFileWritten, TurnCompleted, TurnRequested, run_subject
+from fleet_events.session import (
+    InputProvided,
+    InputRequested,
+    MemoryFileWritten,
+    TurnCompleted,
+    TurnParked,
+    TurnRequested,
+    TurnStarted,
+    run_subject,
+    session_filter,
+)
 from fleet_harness.scripted_lm import ScriptedLM
+from fleet_harness.waits import eventually
+from fleet_mesh import rpc
 from fleet_mesh.store import EMPTY
 
 from .rlm_kit import Processes, fields, of_type, processes, session, step
@@ -102,3 +117,52 @@ async def test_memory_files_and_code_run_in_the_sessions_sandbox(processes: Proc
     ran = [r for r in of_type(events, ToolReturned) if r.tool == "execute_code"]
     assert ran[0].error == ""
     assert ran[0].result.strip() == "SHIP ON FRIDAY"
+
+
+async def test_a_question_parks_the_turn_holding_no_worker_and_the_answer_resumes_it(
+    processes: Processes,
+) -> None:
+    script = [
+        act("ask_user", '{"question": "Which region?", "options": ["eu", "us"]}'),
+        act("finish"),
+        fields(reasoning="the user chose", answer="deploying to eu"),
+    ]
+    with ScriptedLM(script) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            turn = await s.ask("Deploy the code to production")
+
+            async def parked() -> TurnParked | None:
+                return next(iter(of_type(await s.log(), TurnParked)), None)
+
+            park = await eventually(parked, timeout=60, what="the turn to park")
+
+            async def idle() -> bool:
+                pong = await rpc.call_verb(s.nc, bus.ping("agent"), Ping(), timeout=2)
+                return pong.details["turns_running"] == 0
+
+            await eventually(idle, timeout=30, what="the replica to hold no turn")
+            assert len(fake.requests) == 1  # nothing runs while the user thinks
+            (asked,) = of_type(await s.log(), InputRequested)
+            assert park.request_id == asked.request_id
+            state = (await s.store.load(session_filter(s.tenant, s.session), FOLD)).state
+            answer = answer_input(state, asked.request_id, "eu please", option="eu")
+            assert isinstance(answer, InputProvided)
+            await s.append(None, answer)
+            ended = await s.ended(turn)
+            events = await s.run_events(turn)
+            log = await s.log()
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer == "deploying to eu"
+    assert [e.attempt for e in of_type(log, TurnStarted)] == [1, 2]
+    assert park.attempt == 1
+    returned = [r for r in of_type(events, ToolReturned) if r.tool == "ask_user"]
+    assert [r.result for r in returned] == ["eu please (option: eu)"]
+    # the resumed attempt asked the model only for the steps after the question
+    assert len(fake.requests) == len(script)
+    assert "eu please" in fake.requests[1].prompt_text
+    calls = of_type(events, LlmCalled)
+    assert [c.index for c in calls] == [1, 2, 3]
+    assert len({c.grant_id for c in calls}) == 3
+    assert isinstance(events[-1], RunCompleted)
+    assert len(of_type(events, RunStarted)) == 1  # one run, carried on

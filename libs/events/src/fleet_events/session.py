@@ -132,7 +132,17 @@ class CancelRequested(Event, frozen=True, kw_only=True, tag="turn.cancel_request
     reason: str = ""
 
 
-TURN_EVENTS: tuple[type[Event], ...] = (TurnRefused, CancelRequested)
+class TurnParked(Event, frozen=True, kw_only=True, tag="turn.parked"):
+    """The turn waits for the user's answer to input request `request_id`, holding no worker:
+    its work item was acked. The answer (`input.provided`), its expiry or a cancel on the log
+    is dispatched as a resume work item (`turn_resume_id`), and attempt + 1 carries on from
+    the run's record."""
+
+    request_id: str
+    attempt: int = 0
+
+
+TURN_EVENTS: tuple[type[Event], ...] = (TurnRefused, CancelRequested, TurnParked)
 
 
 class TurnWork(msgspec.Struct, frozen=True, kw_only=True):
@@ -155,6 +165,11 @@ def turn_work_id(tenant: str, session: str, turn: str) -> str:
     return (
         f"turn.{check_id('tenant', tenant)}.{check_id('session', session)}.{check_id('turn', turn)}"
     )
+
+
+def turn_resume_id(tenant: str, session: str, turn: str, request_id: str) -> str:
+    """The `Nats-Msg-Id` of the work item that resumes a turn parked on `request_id`."""
+    return f"{turn_work_id(tenant, session, turn)}.resume.{check_id('request', request_id)}"
 
 
 # -- the session's state: memory, documents, interpreter, input, import / restore ------------

@@ -20,12 +20,27 @@ from fleet_agent.turn_log import TurnLog
 from fleet_events.binding import session_tokens, subject_tenant
 from fleet_events.catalog import type_of_class
 from fleet_events.chain import TYPE_HEADER
-from fleet_events.session import TURN_WORK_SUBJECT, TurnRequested, TurnWork, turn_work_id
+from fleet_events.session import (
+    TURN_WORK_SUBJECT,
+    CancelRequested,
+    InputExpired,
+    InputProvided,
+    TurnParked,
+    TurnRequested,
+    TurnWork,
+    turn_resume_id,
+    turn_work_id,
+)
 from fleet_events.streams import WORK
 from fleet_mesh.store import AppendConflict
 from fleet_mesh.work import Delivery, Settle
 
 REQUESTED = type_of_class(TurnRequested)
+RESUMES = frozenset(
+    type_of_class(cls) for cls in (InputProvided, InputExpired, CancelRequested, TurnParked)
+)
+"""Facts that may let a parked turn go on (its answer, expiry or cancel; or the park itself,
+stored after an answer that came first)."""
 CONFLICT_TRIES = 16
 
 
@@ -37,13 +52,19 @@ class Dispatcher:
         self._encode = msgspec.json.Encoder().encode
 
     async def handle(self, delivery: Delivery) -> Settle:
-        if delivery.headers.get(TYPE_HEADER) != REQUESTED:
+        kind = delivery.headers.get(TYPE_HEADER)
+        if kind != REQUESTED and kind not in RESUMES:
             return Settle.ACK  # any other fact of the log: nothing to dispatch
         tenant = subject_tenant(delivery.subject)
         tokens = session_tokens(delivery.subject)
         if tenant is None or tokens is None:
             return Settle.TERM
         session = tokens[0]
+        if kind in RESUMES:
+            state, _ = await self._log.load(tenant, session)
+            for parked in turns.resumable(state):
+                await self._publish(tenant, session, parked, resume=parked.parked_on)
+            return Settle.ACK
         for _ in range(CONFLICT_TRIES):
             state, head = await self._log.load(tenant, session)
             turn = _turn_at(state, delivery.stream_seq)
@@ -69,15 +90,19 @@ class Dispatcher:
             return Settle.ACK
         return Settle.NAK  # a very busy log: let the next delivery try again
 
-    async def _publish(self, tenant: str, session: str, turn: turns.Turn) -> None:
+    async def _publish(
+        self, tenant: str, session: str, turn: turns.Turn, *, resume: str = ""
+    ) -> None:
         work = TurnWork(
             tenant=tenant, session=session, turn=turn.turn, requested_seq=turn.requested_seq
         )
+        msg_id = (
+            turn_resume_id(tenant, session, turn.turn, resume)
+            if resume
+            else turn_work_id(tenant, session, turn.turn)
+        )
         await self._js.publish(
-            TURN_WORK_SUBJECT,
-            self._encode(work),
-            stream=WORK.name,
-            headers={"Nats-Msg-Id": turn_work_id(tenant, session, turn.turn)},
+            TURN_WORK_SUBJECT, self._encode(work), stream=WORK.name, headers={"Nats-Msg-Id": msg_id}
         )
 
 

@@ -68,13 +68,21 @@ class Stopped:
     partial: str
 
 
+@dataclass(frozen=True)
+class Parked:
+    """The turn asked the user (`input.requested` with `request_id` is stored) and gives its
+    worker back: the worker records `TurnParked` and acks; the answer resumes it."""
+
+    request_id: str
+
+
 class TurnRunner(Protocol):
     restartable: bool
     """May a turn whose replica died be run again from its start on another replica? True
     only where running it again repays nothing (no model calls); resuming from the log is
     the crash-safe-turns issue."""
 
-    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped: ...
+    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped | Parked: ...
 
 
 class EchoRunner:

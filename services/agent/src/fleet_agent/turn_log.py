@@ -31,7 +31,9 @@ CACHED_LOGS = 1024
 def _copy(state: SessionTurns) -> SessionTurns:
     """The fold mutates its state: a cached one is copied before a tail is folded into it."""
     turns = {key: dataclasses.replace(turn) for key, turn in state.turns.items()}
-    return SessionTurns(active=state.active, deleted=state.deleted, turns=turns)
+    return SessionTurns(
+        active=state.active, deleted=state.deleted, turns=turns, answered=set(state.answered)
+    )
 
 
 class TurnLog:

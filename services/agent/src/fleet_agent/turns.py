@@ -20,10 +20,13 @@ from typing import Literal
 from fleet_events import Event, InvalidId, check_id
 from fleet_events.session import (
     CancelRequested,
+    InputExpired,
+    InputProvided,
     SessionDeleted,
     TurnCancelled,
     TurnCompleted,
     TurnFailed,
+    TurnParked,
     TurnRefused,
     TurnRequested,
     TurnStarted,
@@ -40,6 +43,9 @@ FOLDED: tuple[type[Event], ...] = (
     TurnCompleted,
     TurnFailed,
     TurnCancelled,
+    TurnParked,
+    InputProvided,
+    InputExpired,
 )
 """The only types this fold reads; every other event on the log is skipped unread."""
 
@@ -62,6 +68,8 @@ class Turn:
     cancel_requested: bool = False
     cancel_reason: str = ""
     ended: Ended | None = None
+    parked_on: str = ""
+    """The input request the turn is parked on (no worker holds it), until it resumes."""
 
 
 @dataclass
@@ -70,6 +78,9 @@ class SessionTurns:
     """The admitted turn that has not ended yet: it blocks every other request."""
     deleted: bool = False
     turns: dict[str, Turn] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
+    """Input requests answered or expired (a parked turn resumes once its request is here,
+    whichever of the answer and the park was stored first)."""
 
 
 def _malformed(turn: str | None) -> TurnRefused | None:
@@ -95,6 +106,9 @@ def evolve(
     """Fold one event (mutating `state`, returned for chaining)."""
     if isinstance(event, SessionDeleted):
         state.deleted = True
+        return state
+    if isinstance(event, InputProvided | InputExpired):
+        state.answered.add(event.request_id)
         return state
     key = turn_key(turn, event_id) if isinstance(event, TurnRequested) else (turn or "")
     if isinstance(event, TurnRequested):
@@ -131,6 +145,10 @@ def evolve(
     elif isinstance(event, TurnStarted):
         record.attempt = max(record.attempt, event.attempt)
         record.replica = event.replica
+        record.parked_on = ""
+    elif isinstance(event, TurnParked):
+        if record.ended is None and event.attempt == record.attempt:
+            record.parked_on = event.request_id
     elif isinstance(event, CancelRequested):
         if record.ended is None and not record.cancel_requested:
             record.cancel_requested = True
@@ -184,6 +202,16 @@ def dispatch(state: SessionTurns, turn: str) -> Dispatch | Refuse | Nothing:
         # would be a duplicate the dedup window may no longer catch.
         return Nothing("turn already started")
     return Dispatch()
+
+
+def resumable(state: SessionTurns) -> list[Turn]:
+    """Parked turns that can go on now (answered, expired or cancelled) and so need a resume
+    work item: the dispatcher publishes one for each (deduplicated by `turn_resume_id`)."""
+    return [
+        t
+        for t in state.turns.values()
+        if t.parked_on and t.ended is None and (t.parked_on in state.answered or t.cancel_requested)
+    ]
 
 
 # -- the worker's decisions --------------------------------------------------------------------
@@ -247,6 +275,10 @@ def start(
                 attempt=record.attempt,
             )
         )
+    if record.parked_on:
+        if record.parked_on not in state.answered:
+            return Drop(f"parked on input request {record.parked_on}: no answer yet")
+        return Start(TurnStarted(replica=replica, attempt=record.attempt + 1), record.requested_seq)
     if record.attempt > 0 and delivery == 1:
         return Drop(
             f"a second work item for a turn already started (attempt {record.attempt} on "

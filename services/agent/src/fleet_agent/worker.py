@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from fleet_agent import turns
-from fleet_agent.runners import Answered, CancelToken, TurnInput, TurnRunner
+from fleet_agent.runners import Answered, CancelToken, Parked, TurnInput, TurnRunner
 from fleet_agent.turn_log import TurnLog
 from fleet_events import Event, InvalidId, check_id
 from fleet_events.catalog import type_of_class
@@ -34,6 +34,7 @@ from fleet_events.session import (
     TurnCancelled,
     TurnCompleted,
     TurnFailed,
+    TurnParked,
     TurnWork,
     log_subject,
 )
@@ -178,6 +179,8 @@ class TurnWorker:
                 code="runner_error",
                 attempt=turn.attempt,
             )
+        if isinstance(result, Parked):
+            return TurnParked(request_id=result.request_id, attempt=turn.attempt)
         if isinstance(result, Answered):
             return TurnCompleted(answer=result.answer, root_head_hash=result.root_head_hash)
         return TurnCancelled(reason=token.reason, partial=result.partial, attempt=turn.attempt)

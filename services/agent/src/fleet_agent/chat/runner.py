@@ -15,6 +15,7 @@ for it).
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,9 +24,11 @@ import dspy
 from dspy.utils.exceptions import LMError
 
 from fleet_agent.chat import escalation
+from fleet_agent.chat.resume import Resume, answer_text, rebuild
+from fleet_agent.chat.session_log import LogScope, append
 from fleet_agent.chat.settings import ChatSettings
 from fleet_agent.chat.signatures import RLM_TURN, ChatAgent, ChatTurn
-from fleet_agent.chat.tools import ToolKit, TurnState, child_run, listing, toolset
+from fleet_agent.chat.tools import ParkTurn, ToolKit, TurnState, child_run, listing, toolset
 from fleet_agent.chat.urls import UrlLoader
 from fleet_agent.engine.mesh import MeshPool
 from fleet_agent.engine.model import (
@@ -45,7 +48,7 @@ from fleet_agent.engine.runner import session_sandbox
 from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.lm import CallScope, budgeted_lm
-from fleet_agent.runners import Answered, CancelToken, Stopped, TurnInput
+from fleet_agent.runners import Answered, CancelToken, Parked, Stopped, TurnInput
 from fleet_agent.session_state import FOLD, SessionState, history, skipped_line
 from fleet_events import bus, streams
 from fleet_events.budget import CloseTree, OpenTree
@@ -57,13 +60,22 @@ from fleet_events.run import (
     RunCompleted,
     RunFailed,
     RunStarted,
+    ToolReturned,
 )
-from fleet_events.session import TurnRequested, session_filter
+from fleet_events.session import (
+    InputExpired,
+    InputProvided,
+    InputRequested,
+    TurnRequested,
+    log_subject,
+    run_subject,
+    session_filter,
+)
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.secrets import SecretError, private_key_from_env
 from fleet_mesh.service import ServiceContext
-from fleet_mesh.store import EventStore
+from fleet_mesh.store import EventStore, Head
 
 log = logging.getLogger("fleet.agent.chat")
 T = TypeVar("T")
@@ -77,6 +89,9 @@ class ChatOptions:
     context_threshold: int = escalation.CONTEXT_THRESHOLD
     react_max_iters: int = 15
     clarify_timeout_s: float = 600.0
+    park: bool = False
+    """Give the worker back while the user thinks (`TurnParked`); the service parks, tests of
+    the runner alone (no worker to resume it) wait in the turn."""
 
     @classmethod
     def of(cls, settings: ChatSettings) -> "ChatOptions":
@@ -84,6 +99,7 @@ class ChatOptions:
             context_threshold=settings.context_threshold,
             react_max_iters=settings.react_max_iters,
             clarify_timeout_s=settings.clarify_timeout_s,
+            park=settings.park,
         )
 
 
@@ -120,6 +136,40 @@ async def load_session(mesh: EngineMesh, turn: TurnInput) -> tuple[SessionState,
     return state, mode
 
 
+async def load_resume(mesh: EngineMesh, turn: TurnInput, timeout_s: float) -> "Started | None":
+    """Where a parked turn's run stands (on the bus loop): its record, its head, and the
+    answer to the question it parked on, read from the log."""
+    run = root_run_id(turn.tenant, turn.session, turn.turn)
+    subject = run_subject(turn.tenant, turn.session, run)
+    events = [stored.envelope.data async for stored in mesh.store.replay(subject)]
+    head = await mesh.store.head(subject)
+    js = mesh.bus.nc.jetstream()
+    lenient = EventStore(js, streams.SESSIONS, LenientCodec(await JetStreamBlobs.open(js)))
+    asked: InputRequested | None = None
+    answers: dict[str, InputProvided | InputExpired] = {}
+    async for stored in lenient.replay(log_subject(turn.tenant, turn.session)):
+        data = stored.envelope.data
+        if isinstance(data, InputRequested) and stored.envelope.run == run:
+            asked = data
+        elif isinstance(data, InputProvided | InputExpired):
+            answers[data.request_id] = data
+    if asked is None:
+        return None
+    result, error = answer_text(answers.get(asked.request_id), timeout_s)
+    point = rebuild(events, result)
+    return None if point is None else Started(point, head, result, error)
+
+
+@dataclass(frozen=True)
+class Started:
+    """A resumed run: where its record ends and what the parked call returns."""
+
+    point: Resume
+    head: Head
+    result: str
+    error: str
+
+
 class ChatRunner:
     restartable = False
 
@@ -142,10 +192,15 @@ class ChatRunner:
         self._urls = urls or UrlLoader()
         self._on_turn_end = on_turn_end
         """Handed the state the turn's tools held at its end (tests compare it with the fold)."""
+        self._timers: set[asyncio.Future[None]] = set()
 
-    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped:
+    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped | Parked:
         mesh = await self._pool.get(turn.tenant)
         state, mode = await _on_bus(mesh, load_session(mesh, turn))
+        resume = None
+        if turn.attempt > 1:  # only a parked turn runs again (not restartable otherwise)
+            timeout = self._options.clarify_timeout_s
+            resume = await _on_bus(mesh, load_resume(mesh, turn, timeout))
         escalation.check_mode(mode)
         tree = tree_id(turn.tenant, turn.session, turn.turn)
         run = root_run_id(turn.tenant, turn.session, turn.turn)
@@ -161,16 +216,38 @@ class ChatRunner:
             sandbox="", mesh=mesh,
         )  # fmt: skip
         loop = asyncio.get_running_loop()
-        chat = TurnRun(self, ctx, state, mode, turn.message, loop)
+        chat = TurnRun(self, ctx, state, mode, turn.message, loop, resume)
         mirror = asyncio.ensure_future(_mirror(token, ctx))
+        outcome: Answered | Stopped | Parked | None = None
         try:
-            return await asyncio.to_thread(chat.run)
+            outcome = await asyncio.to_thread(chat.run)
+            return outcome
         finally:
             mirror.cancel()
             if self._on_turn_end is not None:
                 self._on_turn_end(chat.state)
-            close = CloseTree(request_id=derived_id("close", tree), tree=tree, reason="turn ended")
-            await _on_bus(mesh, rpc.call_verb(mesh.bus.nc, bus.CLOSE_TREE, close, timeout=15))
+            if isinstance(outcome, Parked):
+                # the tree stays open for the resumed attempt; the question expires on time
+                # even though no worker holds the turn (this replica's timer)
+                expiry = asyncio.ensure_future(self._expire(mesh, turn, outcome.request_id))
+                self._timers.add(expiry)
+                expiry.add_done_callback(self._timers.discard)
+            else:
+                close = CloseTree(
+                    request_id=derived_id("close", tree), tree=tree, reason="turn ended"
+                )
+                await _on_bus(mesh, rpc.call_verb(mesh.bus.nc, bus.CLOSE_TREE, close, timeout=15))
+
+    async def _expire(self, mesh: EngineMesh, turn: TurnInput, request_id: str) -> None:
+        timeout = self._options.clarify_timeout_s
+        await asyncio.sleep(timeout)
+        state, _ = await _on_bus(mesh, load_session(mesh, turn))
+        pending = state.pending_input
+        if pending is None or pending.request_id != request_id:
+            return  # answered (or ended) meanwhile
+        scope = LogScope(turn.tenant, turn.session, turn.turn, pending.run or "")
+        expired = InputExpired(request_id=request_id, reason=f"no answer in {timeout:g}s")
+        await _on_bus(mesh, append(mesh, scope, expired))
 
 
 async def chat_runner(ctx: ServiceContext) -> ChatRunner:
@@ -202,6 +279,43 @@ async def _on_bus(mesh: EngineMesh, work: Coroutine[Any, Any, T]) -> T:
     return await asyncio.wrap_future(mesh.bus.submit(work))
 
 
+class ChatReAct(dspy.ReAct):  # type: ignore[misc]  # dspy ships no types
+    """dspy's ReAct that can start part way through, from a trajectory rebuilt from the run's
+    record (`chat.resume`): a parked turn goes on without asking the model again for the
+    steps it already took. Without `start` it is dspy's own loop."""
+
+    def __init__(self, *args: Any, start: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._start = dict(start or {})
+
+    def forward(self, **inputs: Any) -> Any:
+        if not self._start:
+            return super().forward(**inputs)
+        trajectory = dict(self._start)
+        taken = sum(1 for key in trajectory if key.startswith("thought_"))
+        for step in range(taken, self.max_iters):
+            try:
+                chosen = self._call_with_potential_trajectory_truncation(
+                    self.react, trajectory, **inputs
+                )
+            except ValueError:  # no valid tool chosen (or no room left): end the loop
+                break
+            name, args = chosen.next_tool_name, chosen.next_tool_args
+            trajectory[f"thought_{step}"] = chosen.next_thought
+            trajectory[f"tool_name_{step}"] = name
+            trajectory[f"tool_args_{step}"] = args
+            try:
+                trajectory[f"observation_{step}"] = self.tools[name](**args)
+            except Exception as exc:
+                trajectory[f"observation_{step}"] = f"Execution error in {name}: {exc}"
+            if name == "finish":
+                break
+        extracted = self._call_with_potential_trajectory_truncation(
+            self.extract, trajectory, **inputs
+        )
+        return dspy.Prediction(trajectory=trajectory, **extracted)
+
+
 class _Step:
     """Stands in for one of ReAct's predictors: a step boundary (cancel) before the call,
     and the plan recorded after it."""
@@ -230,9 +344,10 @@ class TurnRun:
 
     def __init__(
         self, runner: ChatRunner, ctx: RunContext, state: SessionState, mode: str, message: str,
-        loop: asyncio.AbstractEventLoop,
+        loop: asyncio.AbstractEventLoop, resume: Started | None = None,
     ) -> None:  # fmt: skip
         self.runner = runner
+        self.resume = resume
         self.ctx = ctx
         self.mode = mode
         self.message = message
@@ -253,8 +368,16 @@ class TurnRun:
         self.kit = ToolKit(
             ctx=ctx, recorder=self.recorder, state=self.state, engine=self._engine,
             sandbox=self.sandbox, urls=runner._urls, rlm_task=runner._rlm_task,
-            clarify_timeout_s=options.clarify_timeout_s, mode=mode,
+            clarify_timeout_s=options.clarify_timeout_s, mode=mode, park=options.park,
         )  # fmt: skip
+        self._grants = 0
+        self._grant_lock = threading.Lock()
+        if resume is not None:
+            self.recorder.head = resume.head
+            self.recorder.llm_calls = resume.point.llm_calls
+            self._grants = resume.point.grants
+            self.kit.calls = resume.point.tool_calls
+            self.iterations = resume.point.iterations
 
     # -- seams to the agent's loop ---------------------------------------------------------
 
@@ -289,6 +412,14 @@ class TurnRun:
         )  # fmt: skip
         self.iterations += 1
 
+    def next_grant_id(self) -> str:
+        """The run's next grant id (`<run>-g<n>`, the form the recorder reads positions
+        from), continuing a resumed run's numbering: a reused id would be answered with the
+        old grant, and the call would go unbudgeted."""
+        with self._grant_lock:
+            self._grants += 1
+            return f"{self.ctx.run}-g{self._grants}"
+
     def lm(self) -> Any:
         ctx = self.ctx
         scope = CallScope(
@@ -296,7 +427,7 @@ class TurnRun:
         )
         return budgeted_lm(
             ctx.mesh.bus, ctx.mesh.lm, scope,
-            on_call=self.recorder.on_llm_call, grant_id=self.recorder.next_grant_id,
+            on_call=self.recorder.on_llm_call, grant_id=self.next_grant_id,
         )  # fmt: skip
 
     @property
@@ -316,10 +447,11 @@ class TurnRun:
         needs = bool(getattr(prediction, "needs_tools", False))
         return str(prediction.answer or ""), escalation.after_cot(needs, reasoning)
 
-    def react(self) -> str:
-        agent = dspy.ReAct(
-            ChatAgent, tools=toolset(self.kit), max_iters=self.runner._options.react_max_iters
-        )
+    def react(self, start: dict[str, Any] | None = None) -> str:
+        agent = ChatReAct(
+            ChatAgent, tools=toolset(self.kit), max_iters=self.runner._options.react_max_iters,
+            start=start,
+        )  # fmt: skip
         agent.react = _Step(agent.react, self, plans=True)
         agent.extract = _Step(agent.extract, self, plans=False)
         prediction = agent(
@@ -349,11 +481,13 @@ class TurnRun:
 
     # -- the turn --------------------------------------------------------------------------
 
-    def run(self) -> Answered | Stopped:
+    def run(self) -> Answered | Stopped | Parked:
         ctx = self.ctx
         options = self.runner._options
         adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
         try:
+            if self.resume is not None:
+                return self._resumed(adapter)
             self.recorder.record(RunStarted(
                 kind="chat", tree=ctx.tree, task=self.message[:2000], mode=self.mode,
                 signature="ChatAgent", inputs={"question": self.message[:2000]},
@@ -369,6 +503,8 @@ class TurnRun:
                 )
             )  # fmt: skip
             return Answered(answer, root_head_hash=head.hash)
+        except ParkTurn as parked:
+            return Parked(parked.request_id)
         except RunFenced:
             log.warning("chat run fenced: recording nothing more", extra={"run": ctx.run})
             raise
@@ -380,6 +516,27 @@ class TurnRun:
         except Exception as exc:
             self.recorder.record(RunFailed(error=_why(exc), reason=type(exc).__name__))
             raise ChatFailed(f"the chat run failed: {_why(exc)}") from exc
+
+    def _resumed(self, adapter: Any) -> Answered:
+        """Carry on where the run parked: the question's answer is the parked call's result,
+        and ReAct goes on from the trajectory the record holds."""
+        assert self.resume is not None
+        pending = self.resume.point.pending
+        self.recorder.record(
+            ToolReturned(
+                call_id=pending.call_id, tool=pending.tool, result=self.resume.result,
+                error=self.resume.error,
+            )
+        )  # fmt: skip
+        with dspy.context(lm=self.lm(), adapter=adapter):
+            answer = self.react(start=self.resume.point.trajectory)
+        head = self.recorder.record(
+            RunCompleted(
+                answer=answer, outputs={"module": "react"}, iterations=self.iterations,
+                llm_calls=self.recorder.llm_calls,
+            )
+        )  # fmt: skip
+        return Answered(answer, root_head_hash=head.hash)
 
     def _modules(self) -> tuple[str, str]:
         """The escalation loop: (answer, the module that gave it)."""

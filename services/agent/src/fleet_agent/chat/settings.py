@@ -17,3 +17,6 @@ class ChatSettings(BaseSettings):
     """ReAct steps of one turn (the earlier system's react default)."""
     clarify_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
     """How long `ask_user` waits for the answer before the question expires."""
+    park: bool = True
+    """Park a turn that asks the user (`TurnParked`: its worker slot is given back) rather
+    than waiting in it; the answer resumes it from the run's record."""

@@ -62,6 +62,16 @@ class ToolError(Exception):
     """What a tool answers the model when it cannot do what was asked."""
 
 
+class ParkTurn(BaseException):
+    """`ask_user` under parking: the question is stored, the turn unwinds out of dspy (a
+    BaseException, so neither ReAct nor the recording wrapper turns it into an observation)
+    and the worker records `TurnParked`."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(request_id)
+        self.request_id = request_id
+
+
 Engine = Callable[[RlmTask, RunContext], RlmResult]
 """Runs one RLM run to its end (the engine's `run_rlm`, bridged to a blocking call)."""
 
@@ -91,6 +101,8 @@ class ToolKit:
     rlm_task: RlmTask
     clarify_timeout_s: float
     mode: str
+    park: bool = False
+    """Park the turn on a question (give the worker back) instead of waiting in it."""
     calls: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -544,6 +556,8 @@ class Clarify:
                 timeout_s=kit.clarify_timeout_s,
             )
         )
+        if kit.park:
+            raise ParkTurn(request_id)
         answer = kit.ctx.mesh.bus.run(
             wait_for_answer(
                 kit.ctx.mesh, kit.scope, request_id, after_seq=seq,

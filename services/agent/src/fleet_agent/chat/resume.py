@@ -1,0 +1,82 @@
+"""Carrying on a turn that parked on a question: ReAct's trajectory rebuilt from the run's
+record, so the resumed attempt repays no model call and repeats no tool call. Pure.
+
+The record holds every ReAct step (`run.iteration_planned` with its `tool`), every tool call
+with its arguments and every result, in order; the parked `ask_user` call is the one with no
+result yet, and its result is the user's answer (or its expiry) from the log. Positions the
+recorder hands out (grant ids, tool call ids, iteration indexes) continue after the record's,
+so a resumed call never reuses a grant id the budget has already answered.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from fleet_events import Event
+from fleet_events.run import IterationPlanned, LlmCalled, RunStarted, ToolCalled, ToolReturned
+from fleet_events.session import InputExpired, InputProvided
+
+ASK = "ask_user"
+
+
+@dataclass(frozen=True)
+class Resume:
+    trajectory: dict[str, Any]
+    """ReAct's trajectory up to and including the parked call's observation."""
+    pending: ToolCalled
+    """The parked `ask_user` call: its result is recorded when the turn resumes."""
+    llm_calls: int
+    grants: int
+    """The highest grant position used so far; the next call asks under the one after it."""
+    tool_calls: int
+    iterations: int
+
+
+def answer_text(answer: InputProvided | InputExpired | None, timeout_s: float) -> tuple[str, str]:
+    """What the parked call returns (result, error), worded as the waiting `ask_user` does."""
+    if isinstance(answer, InputProvided):
+        text = f"{answer.answer} (option: {answer.option})" if answer.option else answer.answer
+        return text, ""
+    error = "the question expired unanswered: go on without it"
+    if answer is None:
+        error = f"the user did not answer in {timeout_s:g}s: go on without it"
+    return f"error: {error}", error
+
+
+def rebuild(events: list[Event], result: str) -> Resume | None:
+    """The resume point of a run whose last tool call (`ask_user`) has no result, or None
+    when the record is not one (no run yet, or nothing parked)."""
+    if not events or not isinstance(events[0], RunStarted):
+        return None
+    trajectory: dict[str, Any] = {}
+    step = -1
+    returned: set[str] = set()
+    calls: list[ToolCalled] = []
+    llm_calls = grants = iterations = 0
+    for event in events:
+        if isinstance(event, LlmCalled):
+            llm_calls += 1
+            tail = event.grant_id.rsplit("-g", 1)
+            grants = max(grants, int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else 0)
+        elif isinstance(event, IterationPlanned):
+            iterations += 1
+            if event.tool:  # a ReAct step (a ChainOfThought answer plans no tool)
+                step += 1
+                trajectory[f"thought_{step}"] = event.reasoning
+                trajectory[f"tool_name_{step}"] = event.tool
+                trajectory[f"tool_args_{step}"] = {}
+        elif isinstance(event, ToolCalled):
+            calls.append(event)
+            if step >= 0:
+                trajectory[f"tool_args_{step}"] = event.args
+        elif isinstance(event, ToolReturned):
+            returned.add(event.call_id)
+            if step >= 0:
+                trajectory[f"observation_{step}"] = event.result
+    open_calls = [c for c in calls if c.call_id not in returned]
+    if len(open_calls) != 1 or open_calls[0].tool != ASK or step < 0:
+        return None
+    trajectory[f"observation_{step}"] = result
+    return Resume(
+        trajectory=trajectory, pending=open_calls[0], llm_calls=llm_calls, grants=grants,
+        tool_calls=len(calls), iterations=iterations,
+    )  # fmt: skip

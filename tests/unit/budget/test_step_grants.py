@@ -97,7 +97,7 @@ def test_a_closed_tree_refuses_steps_too() -> None:
 def test_token_and_cost_caps_bind_steps(
     limits: dict[str, object], usage: Event, reason: str
 ) -> None:
-    state = given(opened(**limits), usage)
+    state = given(opened(2, 3, **limits), usage)
     event = decide(state, step("s1")).event
     assert isinstance(event, GrantRefused)
     assert event.reason == reason

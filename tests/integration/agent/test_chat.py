@@ -601,3 +601,53 @@ async def test_a_cancel_while_waiting_for_the_user_stops_the_run(chat: Chat) -> 
     assert events[-1].reason == "the user gave up"
     assert events[-1].partial_answer == "ask first"
     assert len(fake.requests) == 1  # no step after the cancel
+
+
+async def test_rlm_query_batched_runs_each_task_as_a_child_run(chat: Chat) -> None:
+    engine = StandInEngine(answer="child answer")
+    script = [
+        act("rlm_query_batched", '{"tasks": ["count a", "count b", "count c"], "context": "abc"}'),
+        act("finish"),
+        extract("three answers"),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        turn, _ = await chat.turn("Run these three code analyses", runner=chat.runner(engine))
+    assert sorted(t.inputs["task"] for t, _ in engine.tasks) == ["count a", "count b", "count c"]
+    assert {t.inputs["context"] for t, _ in engine.tasks} == {"abc"}
+    events = await chat.run_events(turn)
+    asked = of(events, ChildRunRequested)
+    assert sorted(a.batch_index for a in asked) == [0, 1, 2]
+    assert len({a.child_run for a in asked}) == 3
+    assert len(of(events, ChildRunCompleted)) == 3
+    (returned,) = [r for r in of(events, ToolReturned) if r.tool == "rlm_query_batched"]
+    assert returned.result == ["child answer"] * 3
+
+
+async def test_a_long_context_module_runs_on_the_engine_with_its_signature(chat: Chat) -> None:
+    engine = StandInEngine()
+    blobs = await JetStreamBlobs.open(chat.js)
+    ref = await blobs.put(chat.tenant, b"error at 10:01\nok\nerror at 10:02\n")
+    script = [
+        act("load_document", f'{{"source": "upload:{ref.sha256}", "alias": "app.log"}}'),
+        act("summarize_long_document", '{"focus": "errors"}'),
+        act("finish"),
+        extract("two errors"),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        await chat.turn("Summarise the uploaded log document", runner=chat.runner(engine))
+    ((task, _),) = engine.tasks
+    assert task.signature.startswith("document, focus -> summary")
+    assert task.answer_field == "summary"
+    assert task.inputs == {"document": "error at 10:01\nok\nerror at 10:02\n", "focus": "errors"}
+
+
+async def test_tools_only_offers_no_recursion_tools(chat: Chat) -> None:
+    with ScriptedLM([act("finish"), extract("fine")]) as fake:
+        await chat.open(fake)
+        await chat.turn("Read the file", mode="tools_only")
+    offered = fake.requests[0].system
+    assert "load_document" in offered
+    for name in ("rlm_query", "delegate_to_rlm", "summarize_long_document"):
+        assert name not in offered

@@ -166,3 +166,26 @@ async def test_a_question_parks_the_turn_holding_no_worker_and_the_answer_resume
     assert len({c.grant_id for c in calls}) == 3
     assert isinstance(events[-1], RunCompleted)
     assert len(of_type(events, RunStarted)) == 1  # one run, carried on
+
+
+async def test_workspace_file_tools_go_through_the_broker(processes: Processes) -> None:
+    script = [
+        act("workspace_write", '{"path": "data/b.txt", "content": "beta"}'),
+        act("workspace_write", '{"path": "data/a.txt", "content": "alpha"}'),
+        act("list_files", '{"path": "data"}'),
+        act("workspace_read", '{"path": "data/a.txt"}'),
+        act("finish"),
+        fields(reasoning="listed and read", answer="alpha"),
+    ]
+    with ScriptedLM(script) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            turn = await s.ask("Write two files in the sandbox, list them, read one")
+            ended = await s.ended(turn)
+            events = await s.run_events(turn)
+            workspace = await s.workspace()
+    assert isinstance(ended, TurnCompleted), ended
+    results = {r.tool: r for r in of_type(events, ToolReturned)}
+    assert results["list_files"].result == ["data/a.txt", "data/b.txt"]
+    assert results["workspace_read"].result == "alpha"
+    assert (workspace / "data" / "b.txt").read_text() == "beta"

@@ -4,6 +4,8 @@ Where NATS is, this replica's name and the log level are every service's setting
 the runtime (`fleet_mesh.settings.MeshSettings`), not here.
 """
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -19,3 +21,23 @@ class GatewaySettings(BaseSettings):
     # and they all run at once, so the whole check takes about one timeout, not five.
     probe_timeout_s: float = Field(default=0.5, gt=0, le=10)
     services: tuple[str, ...] = SERVICES
+
+    # Auth (docs/gateway.md). With neither a data dir nor an issuer, every /api route answers
+    # 401: a gateway never falls back to "no auth".
+    data_dir: Path | None = None
+    """Where the development signing secret (generated on first run) and this replica's
+    projection database live; `fleet up` sets it to `<data dir>/gateway`."""
+    oidc_issuer: str = ""
+    oidc_audience: str = ""
+    oidc_jwks_url: str = ""
+    """Defaults to `<issuer>/.well-known/jwks.json` when empty."""
+    jwks_refetch_min_s: float = Field(default=10.0, ge=0, le=3600)
+    """A token naming an unknown key refetches the JWKS at most this often, so a flood of
+    made-up key ids cannot turn the gateway into a load generator against the issuer."""
+    tenant_claim: str = "tid"
+    user_claim: str = "sub"
+    admin_claim: str = "fleet_admin"
+    ticket_ttl_s: float = Field(default=60.0, gt=0, le=300)
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    read_wait_max_s: float = Field(default=5.0, gt=0, le=60)
+    """The longest a read with `min_seq` waits for this replica's projections to catch up."""

@@ -55,6 +55,7 @@ from fleet_events.session import (
 RESULT_CHARS = 16_000
 BATCH_LIMIT = 4
 MEMORY_DIR = "memory"
+LISTING_LIMIT = 100
 MEMORY_PATH = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_./-]{0,199}")
 
 
@@ -348,13 +349,46 @@ class Sandbox:
     def execute_code(self, code: str) -> str:
         """Run Python in the session's sandbox (a fresh REPL context; files in its workspace
         persist) and answer what it printed."""
+        return self._run(code)
+
+    def list_files(self, path: str = ".") -> list[str]:
+        """Files under `path` in the session's sandbox workspace (at most 100, as the earlier
+        system listed), relative to the workspace."""
+        code = (
+            "import os\n"
+            "found = []\n"
+            "for root, dirs, files in os.walk(path):\n"
+            "    dirs.sort()\n"
+            "    for name in sorted(files):\n"
+            "        found.append(os.path.relpath(os.path.join(root, name)))\n"
+            "        if len(found) >= LIMIT:\n"
+            "            break\n"
+            "    if len(found) >= LIMIT:\n"
+            "        break\n"
+            "print('\\n'.join(found))"
+        )
+        listed = self._run(code, {"path": path, "LIMIT": LISTING_LIMIT})
+        return [line for line in listed.splitlines() if line]
+
+    def workspace_read(self, path: str) -> str:
+        """Read a text file from the session's sandbox workspace."""
+        data = self.kit.ctx.mesh.bus.read_file(self.kit.sandbox(), path)
+        return data.decode("utf-8", errors="replace")
+
+    def workspace_write(self, path: str, content: str) -> str:
+        """Write a text file in the session's sandbox workspace (it persists across turns)."""
+        data = content.encode()
+        self.kit.ctx.mesh.bus.put_file(self.kit.sandbox(), path, data)
+        return f"wrote {path!r} ({len(data)} bytes)"
+
+    def _run(self, code: str, variables: dict[str, Any] | None = None) -> str:
         from dspy.primitives.code_interpreter import CodeInterpreterError
 
         from fleet_agent.interpreter import RemoteInterpreter
 
         interpreter = RemoteInterpreter(self.kit.ctx.mesh.bus, self.kit.sandbox())
         try:
-            output = interpreter.execute(code)
+            output = interpreter.execute(code, variables)
         except SyntaxError as exc:
             raise ToolError(f"the code does not parse: {exc.msg} (line {exc.lineno})") from None
         except CodeInterpreterError as exc:
@@ -593,7 +627,7 @@ def toolset(kit: ToolKit) -> list[dspy.Tool]:
         documents.set_active_document, documents.read_file_slice, documents.find_in_document,
         documents.chunk_host, memory.core_memory_append, memory.core_memory_replace,
         memory.memory_write, memory.memory_read, memory.memory_list, sandbox.execute_code,
-        clarify.ask_user,
+        sandbox.list_files, sandbox.workspace_read, sandbox.workspace_write, clarify.ask_user,
     ]  # fmt: skip
     if kit.mode != "tools_only":
         chosen += [

@@ -199,6 +199,7 @@ def test_a_cut_never_passes_its_share_even_where_escapes_weigh_double() -> None:
     light = 'a"' * 50
     assert domain._cut(light, 150, 50) == light[:33]
     assert domain._cut("abc", 3, 0) == ""
+    assert domain._cut("\x00" * 10 + "a" * 90, 150, 5) == ""  # one \u0000 is 6 bytes
 
 
 @pytest.mark.parametrize(

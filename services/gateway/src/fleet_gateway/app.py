@@ -13,7 +13,7 @@ import functools
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
@@ -22,10 +22,18 @@ from fastapi.responses import JSONResponse
 from nats.aio.client import Client
 
 from fleet_events.asyncapi import asyncapi
+from fleet_gateway import components, errors
+from fleet_gateway.auth import Authenticator
 from fleet_gateway.config import GatewaySettings
+from fleet_gateway.limits import BodyLimit
+from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_gateway.readiness import Readiness, check
+from fleet_gateway.routes import auth as auth_routes
+from fleet_gateway.routes import sessions as session_routes
+from fleet_gateway.tickets import Tickets
 from fleet_mesh import service
 from fleet_mesh.settings import BadSetting, load_settings, read_settings
+from fleet_mesh.store import EventStore
 
 SERVICE = "gateway"
 HTTP_START_S = 10.0
@@ -39,11 +47,30 @@ class GatewayState:
     settings: GatewaySettings
     replica: str
     nc: Client | None = None
+    # Set by `components.attach` once on the bus: the authenticator, ticket bucket, event
+    # store, this replica's read models and their projector.
+    auth: Authenticator | None = None
+    tickets: Tickets | None = None
+    store: EventStore | None = None
+    projections: ProjectionStore | None = None
+    projector: Projector | None = None
+    body_limits: dict[str, int] = field(default_factory=dict)
+    """Path prefix → body limit for routes that take more than `max_body_bytes` (uploads)."""
+
+    def body_limit_for(self, path: str) -> int:
+        for prefix, limit in self.body_limits.items():
+            if path.startswith(prefix):
+                return limit
+        return self.settings.max_body_bytes
 
 
 def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app = FastAPI(title="fleet-rlm gateway", lifespan=lifespan)
     app.state.gateway = state
+    errors.install(app)
+    app.add_middleware(BodyLimit, limit_for=state.body_limit_for)
+    app.include_router(auth_routes.router)
+    app.include_router(session_routes.router)
     document = asyncapi()  # the catalog is fixed for the life of the process
 
     @app.get("/health")
@@ -85,6 +112,7 @@ def create_app(
 
     async def attach(ctx: service.ServiceContext) -> None:
         state.nc = ctx.nc
+        await components.attach(state, ctx)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -141,6 +169,7 @@ async def serve_http(app: FastAPI, settings: GatewaySettings) -> Callable[[], Aw
 
 async def setup(ctx: service.ServiceContext, settings: GatewaySettings) -> None:
     state = GatewayState(settings=settings, replica=ctx.replica, nc=ctx.nc)
+    await components.attach(state, ctx)  # its stop hook runs after HTTP's (hooks run reversed)
     ctx.on_stop.append(await serve_http(_build(state), settings))
     ctx.log.info("listening", extra={"host": settings.host, "port": settings.port})
 

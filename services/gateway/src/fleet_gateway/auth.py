@@ -1,0 +1,269 @@
+"""Who is asking: a `Principal` (tenant, user, admin) from the request's bearer token, and
+nothing else. No route reads a tenant or a user from a query, a path or a body.
+
+Two kinds of token are accepted, each with its own keys, so one can never pass for the other:
+
+- **Gateway tokens** (API tokens, and the development token `fleet up` prints): HS256 JWTs
+  signed with a secret generated on first run in the data dir (`dev_token(data_dir)`), issuer
+  `fleet-gateway`. Only HS256 is tried with that secret, so an RS256 public key can never be
+  used as an HMAC secret (the classic algorithm confusion).
+- **OIDC tokens**: RS256 / ES256 JWTs from the configured issuer, checked against its JWKS for
+  issuer, audience, expiry and signature. An unknown `kid` refetches the JWKS (the issuer
+  rotated its keys), at most once per `jwks_refetch_min_s`.
+"""
+
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import jwt
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict
+
+from fleet_events.ids import InvalidId, check_id
+from fleet_gateway.config import GatewaySettings
+from fleet_gateway.errors import ApiError
+
+GATEWAY_ISSUER = "fleet-gateway"
+GATEWAY_AUDIENCE = "fleet-rlm"
+SECRET_FILE = "signing-secret"  # noqa: S105 - a file name, not a secret
+DEV_TOKEN_TTL_S = 30 * 24 * 3600
+ASYMMETRIC = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256")
+MAX_TOKEN_CHARS = 8192
+
+
+class Principal(BaseModel):
+    """The caller, as its token says: every route is scoped to `tenant`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tenant: str
+    user: str
+    admin: bool = False
+
+
+def signing_secret(data_dir: Path) -> bytes:
+    """The gateway's HS256 secret, created on first use (0600). Replicas sharing a data dir
+    share it; a race to create it is settled by O_EXCL, the loser reading the winner's."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / SECRET_FILE
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32) + "\n")
+    text = path.read_text().strip()
+    if len(text) < 64:  # a crash between create and write leaves it short: say so, never use it
+        raise RuntimeError(
+            f"{path} holds no usable secret ({len(text)} characters, 64 expected): delete it "
+            "and start again (every token signed with it becomes invalid)"
+        )
+    return text.encode()
+
+
+def issue_token(
+    secret: bytes, *, tenant: str, user: str, admin: bool = False, ttl_s: float = 3600
+) -> str:
+    """A gateway-signed token for `tenant` / `user`: what API tokens and the dev token are."""
+    check_id("tenant", tenant)
+    now = int(time.time())
+    claims = {
+        "iss": GATEWAY_ISSUER,
+        "aud": GATEWAY_AUDIENCE,
+        "sub": user,
+        "tid": tenant,
+        "fleet_admin": admin,
+        "iat": now,
+        "exp": now + int(ttl_s),
+        "jti": secrets.token_hex(8),
+    }
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def dev_token(
+    data_dir: Path, *, tenant: str = "dev", user: str = "dev", ttl_s: float = DEV_TOKEN_TTL_S
+) -> str:
+    """The development token `fleet up` prints: an admin of tenant `dev`, valid 30 days."""
+    return issue_token(signing_secret(data_dir), tenant=tenant, user=user, admin=True, ttl_s=ttl_s)
+
+
+def _unauthorized(code: str, message: str) -> ApiError:
+    return ApiError(401, code, message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class JwksVerifier:
+    """OIDC tokens against the issuer's published keys, refetched when a token names a key
+    the cached set does not hold (rotation), but never more often than `refetch_min_s`."""
+
+    def __init__(
+        self, *, issuer: str, audience: str, jwks_url: str, refetch_min_s: float = 10.0
+    ) -> None:
+        self.issuer = issuer
+        self.audience = audience
+        self.jwks_url = jwks_url or issuer.rstrip("/") + "/.well-known/jwks.json"
+        self.refetch_min_s = refetch_min_s
+        self.fetches = 0
+        self._keys: dict[str, jwt.PyJWK] = {}
+        self._fetched_at: float | None = None
+        self._lock = asyncio.Lock()
+
+    async def _fetch(self) -> None:
+        self.fetches += 1
+        self._fetched_at = time.monotonic()
+        try:
+            async with httpx.AsyncClient(timeout=5.0, follow_redirects=False) as client:
+                response = await client.get(self.jwks_url)
+            response.raise_for_status()
+            keys = jwt.PyJWKSet.from_dict(response.json()).keys
+        except (httpx.HTTPError, ValueError, jwt.PyJWKSetError) as exc:
+            raise ApiError(
+                503,
+                "auth_unavailable",
+                f"the issuer's keys could not be read from {self.jwks_url} "
+                f"({type(exc).__name__}); retry shortly",
+                headers={"Retry-After": "5"},
+            ) from exc
+        self._keys = {key.key_id or "": key for key in keys}
+
+    async def _key(self, kid: str) -> jwt.PyJWK | None:
+        async with self._lock:
+            if kid in self._keys:
+                return self._keys[kid]
+            stale = (
+                self._fetched_at is None
+                or time.monotonic() - self._fetched_at >= self.refetch_min_s
+            )
+            if stale:
+                await self._fetch()
+            return self._keys.get(kid)
+
+    async def verify(self, token: str, header: dict[str, Any]) -> dict[str, Any]:
+        kid = header.get("kid")
+        if not isinstance(kid, str):
+            raise _unauthorized("invalid_token", "the token's header names no key id (kid)")
+        key = await self._key(kid)
+        if key is None:
+            raise _unauthorized(
+                "invalid_token",
+                f"the token is signed with key {kid[:64]!r}, which the issuer does not publish",
+            )
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key,
+                algorithms=list(ASYMMETRIC),
+                audience=self.audience,
+                issuer=self.issuer,
+                options={"require": ["exp", "iss", "aud"]},
+            )
+        except jwt.PyJWTError as exc:
+            raise _unauthorized("invalid_token", f"the token was refused: {exc}") from exc
+        return claims
+
+
+class Authenticator:
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self._secret = signing_secret(settings.data_dir) if settings.data_dir else None
+        self.oidc = (
+            JwksVerifier(
+                issuer=settings.oidc_issuer,
+                audience=settings.oidc_audience,
+                jwks_url=settings.oidc_jwks_url,
+                refetch_min_s=settings.jwks_refetch_min_s,
+            )
+            if settings.oidc_issuer
+            else None
+        )
+
+    def _gateway_claims(self, token: str) -> dict[str, Any]:
+        assert self._secret is not None
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                self._secret,
+                algorithms=["HS256"],
+                audience=GATEWAY_AUDIENCE,
+                issuer=GATEWAY_ISSUER,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.PyJWTError as exc:
+            raise _unauthorized("invalid_token", f"the token was refused: {exc}") from exc
+        return claims
+
+    async def authenticate(self, token: str) -> Principal:
+        if self._secret is None and self.oidc is None:
+            raise _unauthorized(
+                "auth_not_configured",
+                "this gateway accepts no tokens: set FLEET_GATEWAY_DATA_DIR (gateway tokens) "
+                "or FLEET_GATEWAY_OIDC_ISSUER (OIDC)",
+            )
+        if len(token) > MAX_TOKEN_CHARS:
+            raise _unauthorized("invalid_token", f"the token is over {MAX_TOKEN_CHARS} characters")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise _unauthorized(
+                "invalid_token", "the bearer token is not a JWT (three base64url parts)"
+            ) from exc
+        alg = header.get("alg")
+        if alg == "HS256" and self._secret is not None:
+            claims = self._gateway_claims(token)
+            tenant_claim, user_claim, admin_claim = "tid", "sub", "fleet_admin"
+        elif alg in ASYMMETRIC and self.oidc is not None:
+            claims = await self.oidc.verify(token, header)
+            s = self.settings
+            tenant_claim, user_claim, admin_claim = s.tenant_claim, s.user_claim, s.admin_claim
+        else:
+            raise _unauthorized(
+                "invalid_token", f"tokens signed with {str(alg)[:16]!r} are not accepted here"
+            )
+        return principal_of(claims, tenant_claim, user_claim, admin_claim)
+
+
+def principal_of(
+    claims: dict[str, Any], tenant_claim: str, user_claim: str, admin: str
+) -> Principal:
+    tenant = claims.get(tenant_claim)
+    user = claims.get(user_claim)
+    if not isinstance(tenant, str):
+        raise _unauthorized(
+            "invalid_token", f"the token carries no tenant (claim {tenant_claim!r})"
+        )
+    try:
+        check_id("tenant", tenant)
+    except InvalidId as exc:
+        raise _unauthorized("invalid_token", f"the token's tenant is not usable: {exc}") from exc
+    if not isinstance(user, str) or not 0 < len(user) <= 256:
+        raise _unauthorized("invalid_token", f"the token carries no user (claim {user_claim!r})")
+    return Principal(tenant=tenant, user=user, admin=claims.get(admin) is True)
+
+
+bearer = HTTPBearer(auto_error=False, description="a gateway token or an OIDC access token")
+
+
+async def current_principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Principal:
+    """The FastAPI dependency every /api route takes: the caller, or 401."""
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise _unauthorized(
+            "auth_required",
+            "send 'Authorization: Bearer <token>' (fleet up prints a development token)",
+        )
+    authenticator: Authenticator = request.app.state.gateway.auth
+    return await authenticator.authenticate(credentials.credentials)
+
+
+async def current_tenant(principal: Annotated[Principal, Depends(current_principal)]) -> str:
+    return principal.tenant
+
+
+CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
+CurrentTenant = Annotated[str, Depends(current_tenant)]

@@ -1,0 +1,92 @@
+"""What the gateway opens once it is on the bus: the authenticator, the ticket bucket, the
+event store and this replica's read models with their projector. `attach` runs in both
+compositions (the process's `setup` and `create_app`'s lifespan), and stops what it started.
+"""
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+
+from fleet_events import streams
+from fleet_events.codec import Codec
+from fleet_gateway.auth import Authenticator
+from fleet_gateway.errors import ApiError
+from fleet_gateway.projections import ProjectionStore, Projector
+from fleet_gateway.tickets import Tickets
+from fleet_mesh import service
+from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.store import EventStore, open_store
+
+if TYPE_CHECKING:
+    from fleet_gateway.app import GatewayState
+
+
+def projection_path(data_dir: Path | None, replica: str) -> Path | None:
+    """One database per replica (each folds the log itself): `<data dir>/projections-<replica>
+    .sqlite`; no data dir, an in-memory one rebuilt on every start."""
+    if data_dir is None:
+        return None
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return data_dir / f"projections-{replica}.sqlite"
+
+
+RETRY_S = 1.0
+
+
+async def _open(state: "GatewayState", ctx: service.ServiceContext) -> None:
+    settings = state.settings
+    tickets = Tickets(await ctx.js.key_value(streams.TICKETS.bucket), settings.ticket_ttl_s)
+    store = await open_store(ctx.js, streams.SESSIONS)
+    codec = Codec(await JetStreamBlobs.open(ctx.js))
+    projections = ProjectionStore(projection_path(settings.data_dir, state.replica))
+    state.tickets, state.store, state.projections = tickets, store, projections
+    state.projector = Projector(ctx.nc, store, codec, projections)
+
+
+async def attach(state: "GatewayState", ctx: service.ServiceContext) -> None:
+    """Open everything and start the projector. On a server not bootstrapped yet (no ticket
+    bucket, no stream) the gateway still serves `/health` and `/ready` (which names what is
+    missing), its API answers 503 `not_ready`, and it keeps trying every `RETRY_S`."""
+    state.auth = Authenticator(state.settings)
+
+    async def life() -> None:
+        while True:
+            try:
+                await _open(state, ctx)
+                break
+            except (BucketNotFoundError, NotFoundError, ObjectNotFoundError) as exc:
+                ctx.log.warning("mesh not bootstrapped yet", extra={"missing": type(exc).__name__})
+                await asyncio.sleep(RETRY_S)
+        assert state.projector is not None
+        await state.projector.run()
+
+    try:
+        await _open(state, ctx)
+    except (BucketNotFoundError, NotFoundError, ObjectNotFoundError):
+        ctx.log.warning("mesh not bootstrapped yet: the API answers 503 until it is")
+    task = asyncio.create_task(life() if state.projector is None else state.projector.run())
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if state.projections is not None:
+            state.projections.close()
+
+    ctx.on_stop.append(stop)
+
+
+def ready(state: "GatewayState") -> tuple[Tickets, EventStore, ProjectionStore]:
+    """The handles a route needs, or 503 while the mesh is not bootstrapped."""
+    if state.tickets is None or state.store is None or state.projections is None:
+        raise ApiError(
+            503,
+            "not_ready",
+            "the gateway is waiting for the mesh's streams and buckets (run the bootstrap: "
+            "`python -m fleet_mesh.bootstrap`, which `fleet up` does); see GET /ready",
+            headers={"Retry-After": "1"},
+        )
+    return state.tickets, state.store, state.projections

@@ -1,0 +1,135 @@
+"""Errors at the edge: one shape for every refusal, so a client (or a person) reads what was
+wrong, with which value, and what to do, and a program branches on a stable `code`.
+
+Every route raises `ApiError` (or lets FastAPI's validation fail, which `install` turns into
+the same shape); nothing else reaches the client, so an unexpected exception never leaks its
+text (it may hold anything) and is answered as `internal_error` with the log line's id.
+"""
+
+import logging
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("fleet.gateway")
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details or {}
+        self.headers = headers or {}
+
+
+def not_found(kind: str, value: str) -> ApiError:
+    """Unknown and foreign ids answer alike: a 403 would confirm another tenant's id exists."""
+    return ApiError(
+        404,
+        f"{kind}_not_found",
+        f"no {kind} {value!r} in your tenant: check the id (list them with GET /api/v1/sessions)",
+        details={kind: value},
+    )
+
+
+def _respond(error: ApiError) -> JSONResponse:
+    body = ErrorBody(code=error.code, message=error.message, details=error.details)
+    return JSONResponse(body.model_dump(), status_code=error.status, headers=error.headers)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(part) for part in loc if part not in ("body", "query", "path", "header")]
+    return ".".join(parts) or str(loc[0] if loc else "request")
+
+
+def _validation(exc: RequestValidationError) -> ApiError:
+    problems = []
+    for item in exc.errors():
+        loc = tuple(item.get("loc", ()))
+        value = item.get("input")
+        shown = repr(value) if isinstance(value, str | int | float | bool) or value is None else ""
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        problems.append(
+            {
+                "field": _field(loc),
+                "where": str(loc[0]) if loc else "request",
+                "problem": str(item.get("msg", "invalid")),
+                "value": shown,
+            }
+        )
+    first = problems[0] if problems else {"field": "request", "problem": "invalid", "value": ""}
+    value = f" (got {first['value']})" if first["value"] else ""
+    message = (
+        f"{first['where']} field {first['field']!r}: {first['problem']}{value}; "
+        "fix it and send the request again (the OpenAPI schema at /openapi.json lists the "
+        "allowed values)"
+    )
+    return ApiError(422, "invalid_request", message, details={"problems": problems})
+
+
+def install(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return _respond(exc)
+
+    async def invalid(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return _respond(_validation(exc))
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 404:
+            error = ApiError(
+                404,
+                "route_not_found",
+                f"no route {request.url.path!r}: the routes are listed at /openapi.json",
+            )
+        elif exc.status_code == 405:
+            error = ApiError(
+                405,
+                "method_not_allowed",
+                f"{request.method} is not allowed on {request.url.path!r}: see /openapi.json",
+            )
+        else:
+            error = ApiError(exc.status_code, "http_error", str(exc.detail))
+        error.headers.update(dict(exc.headers or {}))
+        return _respond(error)
+
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        incident = uuid.uuid4().hex
+        log.exception("unhandled error", extra={"incident": incident})
+        return _respond(
+            ApiError(
+                500,
+                "internal_error",
+                f"the gateway failed on this request (incident {incident}); retry, and report "
+                "the incident id if it persists",
+                details={"incident": incident},
+            )
+        )
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)

@@ -24,8 +24,9 @@ from fleet_cli.localllm.up import (
     hook,
     secrets_env,
 )
-from fleet_cli.mesh import CannotStart, UpOptions, preflight, up
+from fleet_cli.mesh import CannotStart, UpOptions, gateway_dir, preflight, up
 from fleet_cli.status import ask, gateway_url, wait_ready
+from fleet_gateway.auth import dev_token
 from fleet_mesh.logs import JsonFormatter
 from fleet_mesh.natsserver import free_port
 
@@ -141,6 +142,8 @@ async def _announce(
     console.print(display.components(answer))
     if answer.ready:
         console.print(f"[bold green]fleet is ready:[/] {options.gateway_url}")
+        token = dev_token(gateway_dir(options.data_dir))
+        console.print(f"development token (tenant dev, admin, 30 days): {token}")
     else:
         console.print(
             f"[yellow]not ready after {ready_timeout:.0f}s[/]; still supervising. "

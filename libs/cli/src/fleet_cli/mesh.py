@@ -99,6 +99,13 @@ def module_of(service: str) -> str:
     return "fleet_" + service.replace("-", "_")
 
 
+def gateway_dir(data_dir: Path) -> Path:
+    """Where the gateway keeps its signing secret and read models (an explicit
+    FLEET_GATEWAY_DATA_DIR wins)."""
+    explicit = os.environ.get("FLEET_GATEWAY_DATA_DIR")
+    return Path(explicit) if explicit else (data_dir / "gateway").resolve()
+
+
 def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
     env = {key: value for key, value in os.environ.items() if key != "FLEET_REPLICA"}
     env.update(
@@ -111,6 +118,7 @@ def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
     # removing the data dir removes the mesh (an explicit FLEET_SANDBOX_* setting still wins).
     env.setdefault("FLEET_SANDBOX_ROOT", str((options.data_dir / "sandboxes").resolve()))
     env.setdefault("FLEET_SANDBOX_VOLUMES", str((options.data_dir / "volumes").resolve()))
+    env.setdefault("FLEET_GATEWAY_DATA_DIR", str(gateway_dir(options.data_dir)))
     return [
         ChildSpec(
             name=service,

@@ -1,9 +1,13 @@
 """Provider-level tests: a real `LocalProvider` (real sandboxes, as processes) with no bus.
 
-Each test module passes its own uid base, so modules never share (and so never sweep) a uid.
+Each test module takes its own block of uids (`uid_block`), so modules never share (and so
+never sweep) a uid, not even when two test runs share the host: a claim sweeps the uid's
+processes, and each test's provider keeps its uid locks in its own directory.
 """
 
 import contextlib
+import fcntl
+import os
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +20,28 @@ LIMITS = Limits(
     memory_mb=512, cpu_s_per_cell=30, cpu_s_total=600, nproc=32, file_mb=64, open_files=128,
     wall_s=30,
 )  # fmt: skip
+
+
+BLOCKS = Path("/run/fleet-rlm/test-uid-blocks")
+BLOCK_STEP = 10_000
+_held: list[int] = []
+
+
+def uid_block(preferred: int) -> int:
+    """The first of `preferred`, `preferred + 10000`, ... that no other process on this host
+    holds; held (a flock) for as long as this process lives."""
+    BLOCKS.mkdir(parents=True, exist_ok=True)
+    for k in range(32):
+        base = preferred + k * BLOCK_STEP
+        fd = os.open(BLOCKS / f"{base}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _held.append(fd)
+        return base
+    raise RuntimeError(f"no free block of test uids from {preferred}: 32 test runs at once?")
 
 
 def settings(tmp: Path, uid_base: int, **overrides: Any) -> LocalSettings:

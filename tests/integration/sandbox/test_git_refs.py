@@ -14,9 +14,9 @@ from fleet_harness.waits import eventually
 from fleet_sandbox_broker.errors import BadSpec
 from fleet_sandbox_broker.providers.local import LocalProvider
 
-from .provider_kit import LIMITS, provider, run, value
+from .provider_kit import LIMITS, provider, run, uid_block, value
 
-UID_BASE = 360000
+UID_BASE = uid_block(360000)
 
 
 @pytest.fixture

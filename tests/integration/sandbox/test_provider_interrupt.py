@@ -13,9 +13,9 @@ from fleet_events.sandbox import ExecuteReply, ToolCall, ToolReply
 from fleet_harness.waits import eventually
 from fleet_sandbox_broker.providers.local import LocalProvider, LocalSandbox
 
-from .provider_kit import LIMITS, provider, run, value
+from .provider_kit import LIMITS, provider, run, uid_block, value
 
-UID_BASE = 360200
+UID_BASE = uid_block(360200)
 
 
 @pytest.fixture
@@ -96,21 +96,27 @@ async def test_interrupt_with_nothing_running_says_so(box: LocalSandbox) -> None
     assert await box.interrupt("no-such-context") is False
 
 
+WEDGE = """
+import gc, time
+runner = next(o for o in gc.get_objects() if type(o).__name__ == 'Runner')
+runner.channel.lock.acquire()  # the lock every frame to the broker is sent under
+time.sleep(60)
+"""
+
+
 @pytest.mark.slow
-async def test_a_runner_too_wedged_to_answer_is_stopped_with_its_cell(local: LocalProvider) -> None:
-    """The cell SIGSTOPs its whole process: nothing in it can answer the interrupt, so the
-    sandbox is stopped (the cell with it) once the interrupt's own deadline passes. (Without
-    checkpoints: with them, a retired checkpoint exiting orphans the stopped process group and
-    the kernel continues it.)"""
-    box = await local.create("wedged", LIMITS, fork_ready=False)
-    try:
-        stop = "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)"
-        cell = asyncio.create_task(run(box, stop))
-        await eventually(lambda: box.executing("main"), timeout=10, what="the cell sent")
-        assert await box.interrupt("main") is True
-        reply = await asyncio.wait_for(cell, 10)
-        assert reply.kind == "terminal"
-        assert "did not answer an interrupt within 5 s" in reply.error
-        assert box.stopped_limit == "protocol"
-    finally:
-        await box.destroy()
+async def test_a_runner_too_wedged_to_answer_is_stopped_with_its_cell(box: LocalSandbox) -> None:
+    """The cell takes the runner's send lock and never gives it back: nothing in the sandbox
+    can answer the interrupt, so the sandbox is stopped (the cell with it) once the
+    interrupt's own deadline passes."""
+    reply = await interrupted_slowly(box, WEDGE)
+    assert reply.kind == "terminal"
+    assert "did not answer an interrupt within 5 s" in reply.error
+    assert box.stopped_limit == "protocol"
+
+
+async def interrupted_slowly(box: LocalSandbox, code: str) -> ExecuteReply:
+    cell = asyncio.create_task(run(box, code))
+    await eventually(lambda: box.executing("main"), timeout=10, what="the cell sent")
+    assert await box.interrupt("main") is True
+    return await asyncio.wait_for(cell, 10)

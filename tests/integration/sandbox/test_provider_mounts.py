@@ -17,9 +17,9 @@ import pytest
 from fleet_harness.waits import eventually
 from fleet_sandbox_broker.providers.local import ETC, SHOW, LocalProvider, LocalSandbox
 
-from .provider_kit import LIMITS, provider, run, value
+from .provider_kit import LIMITS, provider, run, uid_block, value
 
-UID_BASE = 360400
+UID_BASE = uid_block(360400)
 
 
 def shown_on_this_host() -> set[str]:

@@ -18,9 +18,9 @@ import pytest
 from fleet_sandbox_broker.errors import SandboxError
 from fleet_sandbox_broker.providers.uids import sweep_orphans
 
-from .provider_kit import LIMITS, provider, run, value
+from .provider_kit import LIMITS, provider, run, uid_block, value
 
-UID_BASE = 360300
+UID_BASE = uid_block(360300)
 
 FIRST_BROKER = """
 import asyncio, json, sys

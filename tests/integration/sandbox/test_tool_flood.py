@@ -12,9 +12,9 @@ from fleet_events.sandbox import ToolCall, ToolReply
 from fleet_harness.waits import eventually
 from fleet_sandbox_broker.providers.local import LocalProvider
 
-from .provider_kit import LIMITS, provider, run, value
+from .provider_kit import LIMITS, provider, run, uid_block, value
 
-UID_BASE = 360100
+UID_BASE = uid_block(360100)
 
 # The cell finds its own execution id (the runner's Execution object) and writes raw frames on
 # every socket it holds: the channel is one of them.

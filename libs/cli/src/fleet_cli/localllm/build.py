@@ -189,6 +189,7 @@ def build(
     preflight(env)
     sdist_sha256 = lockfile.sha256s(sdist)[0]
     folder = _folder(wheels, sdist_sha256)
+    wheels.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llama-build-", dir=wheels) as scratch:
         work = Path(scratch)
         listing = work / "sdist.txt"

@@ -1,0 +1,269 @@
+"""Export, import and restore of a session's log.
+
+- `POST /api/v1/sessions/{id}/export`: the session's log as a bundle (`fleet_gateway.bundle`):
+  verbatim stored bytes with their hashes, then every payload they reference, so the file
+  verifies and replays with no server.
+- `POST /api/v1/sessions/import`: a bundle into the caller's tenant (any tenant: the bundle is
+  checked, not trusted). It becomes a new session whose log opens with `SessionImported`
+  carrying the state the bundle folds to and the source `.log`'s head hash; its blobs are
+  copied into the caller's tenant and the state's references point at the copies. A bundle
+  that does not verify is refused naming its first bad event, and nothing is stored.
+- `POST /api/v1/sessions/{id}/restore`: the state as of `upto_seq` (default: the whole log) is
+  recorded as `SessionRestored`; a session whose sandbox is gone gets one on the same volume
+  (the broker's `resume` verb) and the log records `SandboxAttached` replacing it.
+
+The state is folded by the gateway's own fold of the session vocabulary (the projections'),
+never the agent's: services do not import each other.
+"""
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from fleet_events import bus, new_id
+from fleet_events.codec import CodecError
+from fleet_events.envelope import BlobRef, Offloaded
+from fleet_events.ids import InvalidId, check_id
+from fleet_events.sandbox import ResumeSandbox
+from fleet_events.session import (
+    SandboxAttached,
+    SessionCreated,
+    SessionImage,
+    SessionImported,
+    SessionRestored,
+    log_subject,
+    session_filter,
+)
+from fleet_gateway.auth import CurrentTenant
+from fleet_gateway.bundle import Bundle, blob_line, payload_refs, read_bundle
+from fleet_gateway.errors import ApiError, ErrorBody, not_found
+from fleet_gateway.projections.store import Folded, ProjectionStore
+from fleet_gateway.sessionlog import SessionLog, session_log
+from fleet_mesh import rpc
+from fleet_mesh.store import EMPTY, RawEvent
+from fleet_mesh.store.records import export_line
+
+router = APIRouter(prefix="/api/v1/sessions", tags=["sessions"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody}, 404: {"model": ErrorBody}, 413: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+}  # fmt: skip
+MAX_IMPORT_BYTES = 64 * 1024 * 1024
+RESUME_TIMEOUT_S = 30.0
+
+
+def _session_id(value: str) -> str:
+    try:
+        return check_id("session", value)
+    except InvalidId as exc:
+        raise ApiError(
+            422, "invalid_session_id", f"{exc}; use letters, digits, '_' or '-'"
+        ) from exc
+
+
+async def _raw_events(h: SessionLog, tenant: str, session: str) -> list[RawEvent]:
+    return [raw async for raw in h.store.read_raw(session_filter(tenant, session))]
+
+
+async def _export_lines(h: SessionLog, tenant: str, raws: list[RawEvent]) -> AsyncIterator[bytes]:
+    wanted: dict[str, str] = {}
+    for raw in raws:
+        yield export_line(raw) + b"\n"
+        for obj, sha, _ in payload_refs(raw.data):
+            wanted.setdefault(sha, obj)
+    done: set[str] = set()
+    while wanted:
+        sha, obj = wanted.popitem()
+        if sha in done:
+            continue
+        done.add(sha)
+        data = await h.blobs.get(tenant, sha)  # the caller's tenant: never another's object
+        yield blob_line(obj, sha, data) + b"\n"
+        for inner_obj, inner, _ in payload_refs(data):  # an offloaded envelope's own blobs
+            if inner not in done:
+                wanted.setdefault(inner, inner_obj)
+
+
+@router.post(
+    "/{session_id}/export",
+    responses={**ERRORS, 200: {"content": {"application/x-ndjson": {}}}},
+    response_class=StreamingResponse,
+)
+async def export(session_id: str, tenant: CurrentTenant, request: Request) -> StreamingResponse:
+    """The session's log as JSON lines that verify on their own (`fleet audit verify FILE`)."""
+    session = _session_id(session_id)
+    h = await session_log(request)
+    raws = await _raw_events(h, tenant, session)
+    if not raws:
+        raise not_found("session", session)
+    return StreamingResponse(
+        _export_lines(h, tenant, raws),
+        media_type="application/x-ndjson",
+        headers={"Content-Disposition": f'attachment; filename="{session}.jsonl"'},
+    )
+
+
+class Imported(BaseModel):
+    session_id: str
+    seq: int
+    source_session: str
+    source_head_hash: str
+    events: int
+    blobs: int
+
+
+class RestoreRequest(BaseModel):
+    upto_seq: int | None = Field(default=None, ge=1)
+    reason: str = Field(default="", max_length=500)
+
+
+class Restored(BaseModel):
+    session_id: str
+    seq: int
+    upto_seq: int
+    sandbox: str | None = None
+    replaced: str | None = None
+
+
+async def _folded(tenant: str, session: str, folded: list[Folded]) -> tuple[SessionImage, str]:
+    """(the image, the title) the events fold to, through the projections' own fold, in a
+    throwaway in-memory database (the replica's read models are not touched)."""
+    models = ProjectionStore(None)
+    try:
+        await models.apply_batch(folded)
+        row = models.session(tenant, session)
+    finally:
+        models.close()
+    if row is None:
+        return SessionImage(), ""
+    image = row.get("image")
+    raw = image if isinstance(image, bytes) else str(image).encode()
+    return msgspec.json.decode(raw, type=SessionImage), str(row.get("title") or "")
+
+
+def _refused(bundle: Bundle) -> ApiError:
+    fault = bundle.verification.fault
+    assert fault is not None
+    return ApiError(
+        422,
+        "export_invalid",
+        f"the export does not verify: {fault.subject} seq {fault.seq} (event {fault.event_id}): "
+        f"{fault.reason}; nothing was imported (export the session again)",
+        details={"subject": fault.subject, "seq": fault.seq, "event": fault.event_id,
+                 "reason": fault.reason},
+    )  # fmt: skip
+
+
+def _rehome(image: SessionImage, refs: dict[str, BlobRef]) -> SessionImage:
+    docs = tuple(
+        msgspec.structs.replace(d, blob=refs.get(d.blob.sha256, d.blob)) for d in image.documents
+    )
+    return msgspec.structs.replace(image, documents=docs)
+
+
+@router.post("/import", response_model=Imported, status_code=201, responses=ERRORS)
+async def import_session(
+    request: Request,
+    tenant: CurrentTenant,
+) -> Imported:
+    """Body: an export (`application/x-ndjson`). A new session of the caller's tenant."""
+    size = int(request.headers.get("content-length") or 0)
+    if size > MAX_IMPORT_BYTES:
+        raise _too_large(size)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_IMPORT_BYTES:
+            raise _too_large(len(body))
+    bundle = read_bundle(bytes(body).splitlines())
+    if not bundle.ok:
+        raise _refused(bundle)
+    h = await session_log(request)
+    source_tenant, source_session = bundle.events[0].subject.split(".")[2:4]
+    folded: list[Folded] = []
+    for row in bundle.events:
+        try:
+            stored = h.codec.decode_stored(row.payload)
+            if isinstance(stored.data, Offloaded):
+                stored = h.codec.decode_stored(bundle.blobs[stored.data.blob.sha256])
+        except CodecError as exc:
+            raise ApiError(
+                422, "export_unreadable",
+                f"event {row.id} (seq {row.seq}) is not an event this gateway knows: {exc}",
+            ) from exc  # fmt: skip
+        folded.append(Folded(row.subject, row.seq, stored))
+    image, title = await _folded(source_tenant, source_session, folded)
+    refs = {sha: await h.blobs.put(tenant, data) for sha, data in bundle.blobs.items()}
+    image = _rehome(image, refs)
+    log_head = [r for r in bundle.events if r.subject.endswith(".log")]
+    head_hash = log_head[-1].hash if log_head else ""
+    session = new_id()
+    subject = log_subject(tenant, session)
+    opened = h.envelope(tenant, session, SessionCreated(title=title))
+    imported = h.envelope(
+        tenant, session,
+        SessionImported(image=image, source_session=source_session, source_head_hash=head_hash),
+    )  # fmt: skip
+    done = await h.store.append_batch(subject, [opened, imported], expect=EMPTY)
+    return Imported(
+        session_id=session, seq=done[-1].seq, source_session=source_session,
+        source_head_hash=head_hash, events=len(bundle.events), blobs=len(refs),
+    )  # fmt: skip
+
+
+def _too_large(size: int) -> ApiError:
+    return ApiError(
+        413, "export_too_large",
+        f"the export is {size} bytes, over the import limit of {MAX_IMPORT_BYTES}",
+    )  # fmt: skip
+
+
+@router.post("/{session_id}/restore", response_model=Restored, responses=ERRORS)
+async def restore(
+    session_id: str,
+    tenant: CurrentTenant,
+    request: Request,
+    body: Annotated[RestoreRequest | None, Body()] = None,
+) -> Restored:
+    """Replay the log (up to `upto_seq`) into the session's state and record it; a sandbox
+    that is gone is replaced on the same volume."""
+    session = _session_id(session_id)
+    asked = body or RestoreRequest()
+    h = await session_log(request)
+    raws = await _raw_events(h, tenant, session)
+    if not raws:
+        raise not_found("session", session)
+    upto = asked.upto_seq or raws[-1].seq
+    folded = [
+        Folded(raw.subject, raw.seq, await h.codec.decode(raw.data, tenant=tenant))
+        for raw in raws
+        if raw.seq <= upto
+    ]
+    image, _ = await _folded(tenant, session, folded)
+    _, seq = await h.write(
+        tenant, session, SessionRestored(image=image, upto_seq=upto, reason=asked.reason),
+        create=False,
+    )  # fmt: skip
+    result = Restored(session_id=session, seq=seq, upto_seq=upto)
+    interp = image.interpreter
+    if interp is None or interp.sandbox is None:
+        return result
+    info = await rpc.call_verb(
+        h.nc, bus.RESUME_SANDBOX,
+        ResumeSandbox(request_id=new_id(), tenant=tenant, sandbox=interp.sandbox),
+        timeout=RESUME_TIMEOUT_S,
+    )  # fmt: skip
+    result.sandbox = info.sandbox
+    if info.sandbox != interp.sandbox:
+        attached = msgspec.structs.replace(interp, sandbox=info.sandbox, workspace=info.workspace)
+        _, result.seq = await h.write(
+            tenant, session,
+            SandboxAttached(interpreter=attached, replaces=interp.sandbox, reason="restored"),
+            create=False,
+        )  # fmt: skip
+        result.replaced = interp.sandbox
+    return result

@@ -114,7 +114,7 @@ async def test_the_network_fetch_runs_as_the_sandboxs_uid(local: LocalProvider) 
         loop = asyncio.get_running_loop()
         conn, peer = await asyncio.wait_for(loop.run_in_executor(None, server.accept), 30)
         (owner,) = await eventually(  # a 1-tuple: uid 0 (root) must not read as "not yet"
-            lambda: _uid_of_socket_peer(peer[1]), timeout=10, what="the connecting process"
+            lambda: _uid_of_socket_peer(peer[1]), timeout=20, what="the connecting process"
         )
         assert owner == box.uid
         assert owner != 0

@@ -131,6 +131,6 @@ async def test_more_files_than_the_inode_cap_stops_the_sandbox_saying_why(
     )
     # counted while the cell runs too: it may be stopped mid-cell, or just after it answers
     assert (reply.kind, reply.error) in {("result", ""), ("terminal", reason)}
-    await eventually(lambda: not box.running, timeout=10, what="the sandbox stopped")
+    await eventually(lambda: not box.running, timeout=20, what="the sandbox stopped")
     assert box.stopped_limit == "inodes"
     assert box.stopped_reason == reason

@@ -34,6 +34,7 @@ def projection_path(data_dir: Path | None, replica: str) -> Path | None:
 
 
 RETRY_S = 1.0
+STOP_S = 5.0
 
 
 async def _open(state: "GatewayState", ctx: service.ServiceContext) -> None:
@@ -70,9 +71,13 @@ async def attach(state: "GatewayState", ctx: service.ServiceContext) -> None:
     task = asyncio.create_task(life() if state.projector is None else state.projector.run())
 
     async def stop() -> None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if state.projector is not None:
+            state.projector.stop()
+        await asyncio.wait([task], timeout=STOP_S)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if state.projections is not None:
             state.projections.close()
 

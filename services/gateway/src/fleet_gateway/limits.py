@@ -12,10 +12,6 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class _TooLarge(Exception):
-    pass
-
-
 def _body(limit: int, seen: int | None) -> bytes:
     got = f"{seen} bytes" if seen is not None else "more"
     return json.dumps(
@@ -45,27 +41,34 @@ class BodyLimit:
             await self._refuse(send, limit, int(declared))
             return
         received = 0
-        started = False
+        over = False
+        refused = False
 
         async def counted() -> Message:
-            nonlocal received
+            nonlocal received, over
+            if over:  # the route keeps reading: it gets nothing more of the body
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise _TooLarge
+                    over = True
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, tracking)
-        except _TooLarge:
-            if not started:
+        async def guarded(message: Message) -> None:
+            # Over the limit, whatever the route answers (a parse error, a disconnect) is
+            # replaced by the 413: the client learns the real reason.
+            nonlocal refused
+            if not over:
+                await send(message)
+            elif not refused:
+                refused = True
                 await self._refuse(send, limit, None)
+
+        await self.app(scope, counted, guarded)
+        if over and not refused:
+            await self._refuse(send, limit, None)
 
     @staticmethod
     async def _refuse(send: Send, limit: int, seen: int | None) -> None:

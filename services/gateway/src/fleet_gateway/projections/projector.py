@@ -30,7 +30,6 @@ from fleet_mesh.store import EventStore, RawEvent, StoreError
 SESSIONS_FILTER = "fleet.session.>"
 BATCH = 500
 IDLE_POLL_S = 1.0
-RETRY_S = 0.5
 NO_LIMIT = 2**63 - 1
 
 READ_TYPES = frozenset(
@@ -73,6 +72,11 @@ class Projector:
         self._codec = codec
         self.projections = projections
         self._skipped: set[str] = set()
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Ask `run` to end at its next wait (it finishes the batch it is committing)."""
+        self._stopping.set()
 
     async def _decode(self, raw: RawEvent) -> Envelope[Any] | None:
         kind = raw.headers.get(TYPE_HEADER, "")
@@ -106,7 +110,7 @@ class Projector:
         return read
 
     async def run(self) -> None:
-        """Until cancelled: catch up, then wait for the doorbell."""
+        """Until `stop`: catch up, then wait for the doorbell (or the idle poll)."""
         doorbell = asyncio.Event()
 
         async def ring(_: Msg) -> None:
@@ -115,17 +119,24 @@ class Projector:
         sub = await self._nc.subscribe(SESSIONS_FILTER, cb=ring)
         await self._nc.flush()  # registered before the first catch-up: no append falls between
         try:
-            while True:
+            while not self._stopping.is_set():
                 doorbell.clear()
                 try:
                     read = await self.catch_up()
                 except (StoreError, TimeoutError) as exc:
                     log.warning("projector read failed", extra={"error": type(exc).__name__})
-                    await asyncio.sleep(RETRY_S)
-                    continue
+                    read = 0
                 if read == 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(doorbell.wait(), IDLE_POLL_S)
+                    await _first(doorbell, self._stopping, IDLE_POLL_S)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+async def _first(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:
+    waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()

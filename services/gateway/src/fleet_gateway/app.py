@@ -29,7 +29,10 @@ from fleet_gateway.limits import BodyLimit
 from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_gateway.readiness import Readiness, check
 from fleet_gateway.routes import auth as auth_routes
+from fleet_gateway.routes import documents as document_routes
 from fleet_gateway.routes import sessions as session_routes
+from fleet_gateway.routes import transfer as transfer_routes
+from fleet_gateway.routes import ws as ws_routes
 from fleet_gateway.tickets import Tickets
 from fleet_mesh import service
 from fleet_mesh.settings import BadSetting, load_settings, read_settings
@@ -59,9 +62,16 @@ class GatewayState:
 
     def body_limit_for(self, path: str) -> int:
         for prefix, limit in self.body_limits.items():
-            if path.startswith(prefix):
+            if path.startswith(prefix) or _segments_match(prefix, path):
                 return limit
         return self.settings.max_body_bytes
+
+
+def _segments_match(pattern: str, path: str) -> bool:
+    """`/api/v1/sessions/*/documents` matches one id where the `*` is (upload routes whose
+    path carries the session)."""
+    want, got = pattern.split("/"), path.rstrip("/").split("/")
+    return len(want) == len(got) and all(w in ("*", g) for w, g in zip(want, got, strict=True))
 
 
 def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
@@ -71,6 +81,10 @@ def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app.add_middleware(BodyLimit, limit_for=state.body_limit_for)
     app.include_router(auth_routes.router)
     app.include_router(session_routes.router)
+    app.include_router(transfer_routes.router)
+    app.include_router(ws_routes.router)
+    app.include_router(document_routes.router)
+    state.body_limits.update(transfer_routes.BODY_LIMITS | document_routes.BODY_LIMITS)
     document = asyncapi()  # the catalog is fixed for the life of the process
 
     @app.get("/health")

@@ -41,3 +41,6 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     read_wait_max_s: float = Field(default=5.0, gt=0, le=60)
     """The longest a read with `min_seq` waits for this replica's projections to catch up."""
+    ws_queue_limit: int = Field(default=1024, ge=1, le=100_000)
+    """Frames one WebSocket may fall behind before it is closed with 4008 and the last
+    sequence it was sent (never a silent drop: the client resumes from there)."""

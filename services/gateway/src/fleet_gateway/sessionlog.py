@@ -14,12 +14,23 @@ from starlette.requests import HTTPConnection
 
 from fleet_events import Actor, Envelope, Event, new_id, streams, utc_now
 from fleet_events.codec import Codec
+from fleet_events.ids import InvalidId, check_id
 from fleet_events.session import SessionCreated, log_subject
 from fleet_gateway.errors import ApiError, not_found
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.store import EMPTY, AppendConflict, EventStore, open_store
 
 APPEND_TRIES = 20
+
+
+def checked_session(value: str) -> str:
+    """A session id from a path, or 422 saying what is wrong with it."""
+    try:
+        return check_id("session", value)
+    except InvalidId as exc:
+        raise ApiError(
+            422, "invalid_session_id", f"{exc}; use letters, digits, '_' or '-'"
+        ) from exc
 
 
 @dataclass

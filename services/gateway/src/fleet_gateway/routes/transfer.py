@@ -27,7 +27,6 @@ from pydantic import BaseModel, Field
 from fleet_events import bus, new_id
 from fleet_events.codec import CodecError
 from fleet_events.envelope import BlobRef, Offloaded
-from fleet_events.ids import InvalidId, check_id
 from fleet_events.sandbox import ResumeSandbox
 from fleet_events.session import (
     SandboxAttached,
@@ -42,7 +41,7 @@ from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.bundle import Bundle, blob_line, payload_refs, read_bundle
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
 from fleet_gateway.projections.store import Folded, ProjectionStore
-from fleet_gateway.sessionlog import SessionLog, session_log
+from fleet_gateway.sessionlog import SessionLog, checked_session, session_log
 from fleet_mesh import rpc
 from fleet_mesh.store import EMPTY, RawEvent
 from fleet_mesh.store.records import export_line
@@ -53,16 +52,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorBody},
 }  # fmt: skip
 MAX_IMPORT_BYTES = 64 * 1024 * 1024
+BODY_LIMITS = {"/api/v1/sessions/import": MAX_IMPORT_BYTES}
 RESUME_TIMEOUT_S = 30.0
-
-
-def _session_id(value: str) -> str:
-    try:
-        return check_id("session", value)
-    except InvalidId as exc:
-        raise ApiError(
-            422, "invalid_session_id", f"{exc}; use letters, digits, '_' or '-'"
-        ) from exc
 
 
 async def _raw_events(h: SessionLog, tenant: str, session: str) -> list[RawEvent]:
@@ -95,7 +86,7 @@ async def _export_lines(h: SessionLog, tenant: str, raws: list[RawEvent]) -> Asy
 )
 async def export(session_id: str, tenant: CurrentTenant, request: Request) -> StreamingResponse:
     """The session's log as JSON lines that verify on their own (`fleet audit verify FILE`)."""
-    session = _session_id(session_id)
+    session = checked_session(session_id)
     h = await session_log(request)
     raws = await _raw_events(h, tenant, session)
     if not raws:
@@ -231,7 +222,7 @@ async def restore(
 ) -> Restored:
     """Replay the log (up to `upto_seq`) into the session's state and record it; a sandbox
     that is gone is replaced on the same volume."""
-    session = _session_id(session_id)
+    session = checked_session(session_id)
     asked = body or RestoreRequest()
     h = await session_log(request)
     raws = await _raw_events(h, tenant, session)

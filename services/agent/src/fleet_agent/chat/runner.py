@@ -69,7 +69,6 @@ from fleet_events.session import (
     TurnRequested,
     log_subject,
     run_subject,
-    session_filter,
 )
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
@@ -120,12 +119,16 @@ def _why(exc: BaseException) -> str:
 
 
 async def load_session(mesh: EngineMesh, turn: TurnInput) -> tuple[SessionState, str]:
-    """The session's fold and the turn's mode, in one pass over its log (on the bus loop)."""
+    """The session's fold and the turn's mode, in one pass over its log (on the bus loop).
+
+    Only the `.log` subject is read: the fold leaves run steps alone (docs/agent.md), so the
+    state is the one the whole session filter gives, without reading every model call of
+    every earlier turn (the test of restore folds the whole filter and compares)."""
     js = mesh.bus.nc.jetstream()
     store = EventStore(js, streams.SESSIONS, LenientCodec(await JetStreamBlobs.open(js)))
     state = FOLD.initial()
     mode = "auto"
-    async for stored in store.replay(session_filter(turn.tenant, turn.session)):
+    async for stored in store.replay(log_subject(turn.tenant, turn.session)):
         state = FOLD.evolve(state, stored)
         data = stored.envelope.data
         if isinstance(data, TurnRequested) and stored.envelope.turn == turn.turn:

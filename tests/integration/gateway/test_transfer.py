@@ -9,10 +9,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from fleet_agent.session_state import FOLD, SessionState
+from fleet_events import bus as verbs
 from fleet_events import new_id, streams
+from fleet_events.bus import Ping
+from fleet_events.sandbox import CreateSandbox, Execute, OpenContext
 from fleet_events.session import (
     CoreMemoryChanged,
     DocumentLoaded,
@@ -27,6 +31,9 @@ from fleet_events.session import (
     session_filter,
 )
 from fleet_gateway.bundle import read_bundle
+from fleet_harness.procs import Launcher
+from fleet_harness.waits import eventually
+from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import open_store
@@ -202,3 +209,76 @@ async def test_restore_records_the_state_up_to_a_sequence(
     assert response.json()["upto_seq"] == keep
     state = await _state(js, tenant, session)
     assert state.image.core_memory.human == "Ann"  # what it was at `keep`, not "Bob"
+
+
+def _broker_env(root: Path, volumes: Path) -> dict[str, str]:
+    return {"FLEET_SANDBOX_ROOT": str(root), "FLEET_SANDBOX_VOLUMES": str(volumes)}
+
+
+@pytest.mark.slow
+async def test_restore_of_a_session_whose_sandbox_is_gone_replaces_it_on_the_same_volume(
+    nc: Client, js: JetStreamContext, gateway: Gateway, launcher: Launcher, tmp_path: Path
+) -> None:
+    volumes = tmp_path / "volumes"
+    (first,) = launcher.start("sandbox-broker", env=_broker_env(tmp_path / "a", volumes))
+    await _broker_up(nc, "sandbox-broker-0")
+    tenant, session = f"t{new_id()[:8]}", new_id()
+    info = await rpc.call_verb(
+        nc, verbs.CREATE_SANDBOX,
+        CreateSandbox(request_id=new_id(), tenant=tenant, volume="vol", volume_subpath="s1"),
+        timeout=60,
+    )  # fmt: skip
+    notes = f"{info.workspace}/volume/notes.txt"
+    wrote = await _cell(nc, tenant, info.sandbox, f"open({notes!r}, 'w').write('kept')")
+    assert (wrote.kind, wrote.value) == ("result", 4)
+    log = await writer(js)
+    await log.append(tenant, session, SessionCreated(title="t"))
+    await log.append(tenant, session, SandboxAttached(interpreter=InterpreterState(
+        sandbox=info.sandbox, workspace=info.workspace, volume="vol", volume_subpath="s1",
+    )))  # fmt: skip
+    first.kill()  # the sandbox goes with its broker; another broker cannot reach its files
+    launcher.start("sandbox-broker", env=_broker_env(tmp_path / "b", volumes))
+    await _broker_up(nc, "sandbox-broker-1")
+    async with gateway.client(tenant) as client:
+        response = await client.post(f"/api/v1/sessions/{session}/restore")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["replaced"] == info.sandbox
+    assert body["sandbox"] not in (None, info.sandbox)
+    state = await _state(js, tenant, session)
+    assert state.image.interpreter is not None
+    assert state.image.interpreter.sandbox == body["sandbox"]
+    assert (state.image.interpreter.volume, state.image.interpreter.volume_subpath) == (
+        "vol", "s1",
+    )  # fmt: skip
+    # REPL memory is gone, the volume's files are not
+    workspace = state.image.interpreter.workspace
+    read = await _cell(
+        nc, tenant, body["sandbox"], f"open({workspace + '/volume/notes.txt'!r}).read()"
+    )
+    assert (read.kind, read.value) == ("result", "kept")
+
+
+async def _cell(nc: Client, tenant: str, sandbox: str, code: str) -> Any:
+    context = new_id()
+    await rpc.call_verb(
+        nc, verbs.OPEN_CONTEXT,
+        OpenContext(request_id=new_id(), tenant=tenant, sandbox=sandbox, context=context),
+        target=sandbox, timeout=30,
+    )  # fmt: skip
+    return await rpc.call_verb(
+        nc, verbs.EXECUTE,
+        Execute(request_id=new_id(), tenant=tenant, sandbox=sandbox, context=context, code=code),
+        target=sandbox, timeout=60,
+    )  # fmt: skip
+
+
+async def _broker_up(nc: Client, replica: str) -> None:
+    async def up() -> bool:
+        try:
+            pong = await rpc.call_verb(nc, verbs.ping("sandbox-broker"), Ping(), timeout=0.5)
+        except Exception:  # no responders while it starts
+            return False
+        return pong.replica == replica
+
+    await eventually(up, timeout=60, interval=0.05, what=f"{replica} to answer ping")

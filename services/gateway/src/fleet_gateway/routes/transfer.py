@@ -22,6 +22,8 @@ from typing import Annotated, Any
 import msgspec
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import StreamingResponse
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, Field
 
 from fleet_events import bus, new_id
@@ -118,6 +120,9 @@ class Restored(BaseModel):
     upto_seq: int
     sandbox: str | None = None
     replaced: str | None = None
+    sandbox_error: str | None = None
+    """Set when the state was restored but the broker could give the session no sandbox (the
+    agent asks again when the next turn needs one)."""
 
 
 async def _folded(tenant: str, session: str, folded: list[Folded]) -> tuple[SessionImage, str]:
@@ -243,11 +248,15 @@ async def restore(
     interp = image.interpreter
     if interp is None or interp.sandbox is None:
         return result
-    info = await rpc.call_verb(
-        h.nc, bus.RESUME_SANDBOX,
-        ResumeSandbox(request_id=new_id(), tenant=tenant, sandbox=interp.sandbox),
-        timeout=RESUME_TIMEOUT_S,
-    )  # fmt: skip
+    try:
+        info = await rpc.call_verb(
+            h.nc, bus.RESUME_SANDBOX,
+            ResumeSandbox(request_id=new_id(), tenant=tenant, sandbox=interp.sandbox),
+            timeout=RESUME_TIMEOUT_S,
+        )  # fmt: skip
+    except (rpc.RemoteError, NoRespondersError, NatsTimeout, TimeoutError) as exc:
+        result.sandbox_error = f"sandbox_unavailable: {getattr(exc, 'message', '') or exc!r}"
+        return result
     result.sandbox = info.sandbox
     if info.sandbox != interp.sandbox:
         attached = msgspec.structs.replace(interp, sandbox=info.sandbox, workspace=info.workspace)

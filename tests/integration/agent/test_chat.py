@@ -54,6 +54,7 @@ from fleet_events.run import (
 )
 from fleet_events.session import (
     CoreMemoryChanged,
+    CoreMemoryRefused,
     DocumentLoaded,
     InputExpired,
     InputProvided,
@@ -651,3 +652,21 @@ async def test_tools_only_offers_no_recursion_tools(chat: Chat) -> None:
     assert "load_document" in offered
     for name in ("rlm_query", "delegate_to_rlm", "summarize_long_document"):
         assert name not in offered
+
+
+async def test_a_refused_memory_change_is_recorded_and_told_to_the_model(chat: Chat) -> None:
+    too_long = "x" * 1_001
+    script = [
+        act("core_memory_append", json.dumps({"block": "scratchpad", "text": too_long})),
+        act("finish"),
+        extract("could not note that"),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        turn, _ = await chat.turn("Put this in your memory scratchpad")
+    (refused,) = of(await chat.log(), CoreMemoryRefused)
+    assert (refused.block, refused.reason, refused.length) == ("scratchpad", "over_limit", 1_001)
+    (returned,) = of(await chat.run_events(turn), ToolReturned)
+    assert returned.error == refused.message
+    assert f"error: {refused.message}" in fake.requests[1].prompt_text  # the model read why
+    assert of(await chat.log(), CoreMemoryChanged) == []

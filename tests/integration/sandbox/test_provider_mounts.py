@@ -9,6 +9,7 @@ import os
 import secrets
 import shutil
 import stat
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from fleet_harness.waits import eventually
 from fleet_sandbox_broker.providers.local import ETC, SHOW, LocalProvider, LocalSandbox
 
-from .provider_kit import LIMITS, provider, run, uid_block, value
+from .provider_kit import LIMITS, provider, run, settings, uid_block, value
 
 UID_BASE = uid_block(360400)
 
@@ -134,3 +135,29 @@ async def test_more_files_than_the_inode_cap_stops_the_sandbox_saying_why(
     await eventually(lambda: not box.running, timeout=20, what="the sandbox stopped")
     assert box.stopped_limit == "inodes"
     assert box.stopped_reason == reason
+
+
+async def test_brokers_starting_at_once_on_one_root_share_one_etc(tmp_path: Path) -> None:
+    """Two replicas on one root start together (test_restart does): building the `/etc`
+    copy in place raced (FileExistsError, a half-copied /etc for a sandbox starting then)."""
+    errors: list[BaseException] = []
+
+    def start_many() -> None:
+        try:
+            for _ in range(10):
+                LocalProvider(settings(tmp_path, UID_BASE + 20))
+        except BaseException as exc:  # reported below, with its type
+            errors.append(exc)
+
+    starters = [threading.Thread(target=start_many) for _ in range(2)]
+    for starter in starters:
+        starter.start()
+    for starter in starters:
+        starter.join()
+    assert errors == []
+    async with provider(tmp_path, UID_BASE + 20) as local:
+        box = await local.create("etc", LIMITS)
+        try:
+            assert "passwd" in value(await run(box, "import os\nos.listdir('/etc')"))
+        finally:
+            await box.destroy()

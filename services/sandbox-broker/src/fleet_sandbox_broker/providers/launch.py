@@ -15,10 +15,12 @@ environment, its first frame.
 - rlimits set by the runner from the first frame, before any user code.
 """
 
+import hashlib
 import os
 import shutil
 import socket
 import subprocess
+import uuid
 from pathlib import Path
 
 from fleet_events.sandbox import Limits
@@ -91,19 +93,52 @@ HIDE: tuple[str, ...] = ()  # the allow-list shows none of /home, /root, /work, 
 MIB = 1024 * 1024
 
 
-def prepare_etc(target: Path) -> None:
-    """The `/etc` every sandbox of this provider sees: a copy of the ETC entries (links kept
-    as links), made at start, bound read-only-by-ownership into each sandbox (root's, 755)."""
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(mode=0o755)
+def prepare_etc(private: Path) -> None:
+    """`<private>/etc`, the `/etc` every sandbox of this provider sees: a copy of the ETC
+    entries (links kept as links), root's, bound into each sandbox. Brokers sharing a root
+    start at once, and a sandbox may be binding it meanwhile, so a copy is never changed in
+    place: it is named by its content (`etc-<digest>`), built aside and renamed into place,
+    and `etc` is a link swapped atomically to it."""
+    digest = hashlib.sha256()
     for name in ETC:
-        source = Path("/etc") / name
-        if source.is_symlink():
-            os.symlink(os.readlink(source), target / name)
-        elif source.is_dir():
-            shutil.copytree(source, target / name, symlinks=True)
-        elif source.is_file():
-            shutil.copy2(source, target / name)
+        _digest_entry(Path("/etc") / name, name, digest)
+    name = f"etc-{digest.hexdigest()[:16]}"
+    final = private / name
+    if not final.is_dir():
+        staging = private / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir(mode=0o755)
+        for entry in ETC:
+            _copy_entry(Path("/etc") / entry, staging / entry)
+        try:
+            os.rename(staging, final)
+        except OSError:  # another broker on this root made the same copy first
+            shutil.rmtree(staging, ignore_errors=True)
+    link = private / "etc"
+    if link.is_dir() and not link.is_symlink():
+        shutil.rmtree(link)  # a copy made in place by an earlier version
+    scratch = private / f".etc-{uuid.uuid4().hex}"
+    os.symlink(name, scratch)
+    os.replace(scratch, link)
+
+
+def _digest_entry(path: Path, shown: str, digest: "hashlib._Hash") -> None:
+    if path.is_symlink():
+        digest.update(f"L {shown} {os.readlink(path)}\n".encode())
+    elif path.is_dir():
+        digest.update(f"D {shown}\n".encode())
+        for child in sorted(os.listdir(path)):
+            _digest_entry(path / child, f"{shown}/{child}", digest)
+    elif path.is_file():
+        digest.update(f"F {shown} ".encode() + hashlib.sha256(path.read_bytes()).digest())
+
+
+def _copy_entry(source: Path, target: Path) -> None:
+    if source.is_symlink():
+        os.symlink(os.readlink(source), target)
+    elif source.is_dir():
+        shutil.copytree(source, target, symlinks=True)
+    elif source.is_file():
+        shutil.copy2(source, target)
 
 
 def sandbox_env(directory: Path) -> dict[str, str]:

@@ -71,7 +71,7 @@ class LocalProvider:
         os.chmod(private, 0o700)
         self._setup = private / "setup.sh"
         self._setup.write_text(launch.SETUP_SH)
-        launch.prepare_etc(private / "etc")
+        launch.prepare_etc(private)
         # host-wide, whatever the root: two brokers on one host must never share a uid (a
         # claim sweeps the uid's processes)
         settings.uid_locks.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -70,7 +70,11 @@ class LocalProvider:
         private.mkdir(exist_ok=True)
         os.chmod(private, 0o700)
         self._setup = private / "setup.sh"
-        self._setup.write_text(launch.SETUP_SH)
+        # replaced, never rewritten in place: another broker on this root may be starting a
+        # sandbox with it right now
+        scratch = private / f".setup-{new_id()}.sh"
+        scratch.write_text(launch.SETUP_SH)
+        os.replace(scratch, self._setup)
         launch.prepare_etc(private)
         # host-wide, whatever the root: two brokers on one host must never share a uid (a
         # claim sweeps the uid's processes)

@@ -2,6 +2,7 @@
 sequence they answer, reads come from the projections (min_seq reads a write on any replica),
 and every route treats another tenant's session as one that does not exist."""
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -330,19 +331,41 @@ async def test_state_folds_memory_and_history(api: Api, js: JetStreamContext) ->
     assert body["history"] == [{"question": "hi", "answer": "hello", "turn": turn}]
 
 
-async def test_min_seq_beyond_the_log_waits_then_says_so(
+async def test_min_seq_past_the_log_is_refused_at_once_naming_the_last_sequence(
+    api: Api,
+) -> None:
+    tenant = tenant_id()
+    session, seq = await _create(api, tenant)
+    ahead = await api.call(
+        "GET", f"/api/v1/sessions/{session}", tenant, params={"min_seq": seq + 10**9}
+    )
+    assert ahead.status_code == 422
+    body = ahead.json()
+    assert body["code"] == "min_seq_ahead"
+    assert body["details"]["min_seq"] == seq + 10**9
+    assert body["details"]["last_seq"] >= seq
+
+
+async def test_a_replica_that_cannot_catch_up_in_time_says_so_with_retry_after(
     nats_server: NatsServer, js: JetStreamContext, tmp_path: Path
 ) -> None:
     async with running_api(nats_server.url, tmp_path, read_wait_max_s=0.2) as api:
         tenant = tenant_id()
         session, seq = await _create(api, tenant)
-        ahead = await api.call(
-            "GET", f"/api/v1/sessions/{session}", tenant, params={"min_seq": seq + 10**9}
+        assert api.state.projector is not None
+        assert api.state.projections is not None
+        assert await api.state.projections.wait_for(seq, 5)
+        api.state.projector.stop()  # this replica stops folding: it falls behind the log
+        await asyncio.wait_for(api.state.projector.finished.wait(), 5)
+        renamed = await api.call(
+            "PATCH", f"/api/v1/sessions/{session}", tenant, json={"title": "z"}
         )
-        assert ahead.status_code == 503
-        assert ahead.json()["code"] == "projection_behind"
-        assert ahead.headers["retry-after"] == "1"
-        assert ahead.json()["details"]["min_seq"] == seq + 10**9
+        behind = await api.call(
+            "GET", f"/api/v1/sessions/{session}", tenant, params={"min_seq": renamed.json()["seq"]}
+        )
+        assert behind.status_code == 503
+        assert behind.json()["code"] == "projection_behind"
+        assert behind.headers["retry-after"] == "1"
 
 
 async def test_a_write_on_one_replica_is_read_on_another_with_its_sequence(

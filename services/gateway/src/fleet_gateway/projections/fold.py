@@ -46,7 +46,14 @@ from fleet_events.session import (
 CORE_BLOCKS = ("persona", "human", "scratchpad")
 CANCELLED_MARK = "[cancelled]"
 
-_encode = msgspec.json.Encoder().encode
+_encoder = msgspec.json.Encoder()
+
+
+def _encode(value: object) -> str:
+    """Stored as text, so a row dumps as JSON and compares as bytes."""
+    return _encoder.encode(value).decode()
+
+
 _image = msgspec.json.Decoder(SessionImage).decode
 
 

@@ -73,6 +73,7 @@ class Projector:
         self.projections = projections
         self._skipped: set[str] = set()
         self._stopping = asyncio.Event()
+        self.finished = asyncio.Event()
 
     def stop(self) -> None:
         """Ask `run` to end at its next wait (it finishes the batch it is committing)."""
@@ -131,6 +132,7 @@ class Projector:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            self.finished.set()
 
 
 async def _first(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:

@@ -13,7 +13,7 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet_events import Actor
+from fleet_events import Actor, streams
 from fleet_events.envelope import new_id
 from fleet_events.session import (
     EXECUTION_MODES,
@@ -44,7 +44,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "no such session (or turn) in your tenant"),
         (409, "the session is deleted, or has no running turn to cancel"),
         (413, "the request body is over the limit"),
-        (422, "a field is invalid: the body says which and why"),
+        (422, "a field is invalid (or min_seq is past the log): the body says which and why"),
         (503, "this replica has not folded the log up to min_seq yet, or the log is busy"),
     )
 }
@@ -193,7 +193,22 @@ def _parts(request: Request) -> tuple[EventStore, ProjectionStore, Actor, float]
     return store, projections, actor, state.settings.read_wait_max_s
 
 
-async def _caught_up(projections: ProjectionStore, seq: int, wait_s: float) -> None:
+async def _caught_up(request: Request, seq: int) -> None:
+    """Wait (bounded) until this replica has folded the log up to `seq`. A `seq` past the
+    log's end was never returned by a write: that is the client's error (422), not a wait."""
+    _, projections, _, wait_s = _parts(request)
+    if projections.checkpoint >= seq:
+        return
+    nc = request.app.state.gateway.nc
+    info = await nc.jetstream().stream_info(streams.SESSIONS.name)
+    if seq > info.state.last_seq:
+        raise ApiError(
+            422,
+            "min_seq_ahead",
+            f"min_seq {seq} is past the log's last sequence {info.state.last_seq}: pass the "
+            "`seq` a write answered with",
+            details={"field": "min_seq", "min_seq": seq, "last_seq": info.state.last_seq},
+        )
     if not await projections.wait_for(seq, wait_s):
         raise ApiError(
             503,
@@ -208,12 +223,12 @@ async def _caught_up(projections: ProjectionStore, seq: int, wait_s: float) -> N
 async def _session(request: Request, tenant: str, session: str, min_seq: int) -> dict[str, Any]:
     """The session's row once folded to `min_seq`; a row not there yet while the log has the
     session (created on another replica a moment ago) is waited for up to the log's head."""
-    store, projections, _, wait_s = _parts(request)
-    await _caught_up(projections, min_seq, wait_s)
+    store, projections, _, _ = _parts(request)
+    await _caught_up(request, min_seq)
     row = projections.session(tenant, session)
     if row is None:
         head = await log_head(store, tenant, session)  # 404 when the log has none either
-        await _caught_up(projections, head.seq, wait_s)
+        await _caught_up(request, head.seq)
         row = projections.session(tenant, session)
         if row is None:
             raise not_found("session", session)
@@ -323,9 +338,9 @@ async def list_sessions(
     cursor: Annotated[str | None, Query(max_length=40)] = None,
     min_seq: MinSeq = 0,
 ) -> SessionPage:
-    _, projections, _, wait_s = _parts(request)
+    _, projections, _, _ = _parts(request)
     before = _cursor(cursor)
-    await _caught_up(projections, min_seq, wait_s)
+    await _caught_up(request, min_seq)
     rows = projections.sessions(
         principal.tenant,
         limit=limit + 1,

@@ -14,7 +14,6 @@ against its digest), and a frame is only decoded when one of its strings is over
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -88,74 +87,111 @@ class _Delta(msgspec.Struct, frozen=True):
     text: str = ""
 
 
-@dataclass
-class Watch:
-    """Start with `start()`, read frames with `next()`, end with `stop()`."""
+def feed_of(tenant: str, session: str, mode: TraceMode) -> str:
+    """`off`: the session-level log only (no run steps, no deltas); else the whole session."""
+    return log_subject(tenant, session) if mode == "off" else session_filter(tenant, session)
 
-    nc: Client
-    blobs: JetStreamBlobs
-    codec: Codec
-    tenant: str
-    session: str
-    after_seq: int
-    trace_mode: TraceMode = "compact"
-    limit: int = 1024
 
-    def __post_init__(self) -> None:
-        self._queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue(maxsize=self.limit)
-        self._queued_seq = self.after_seq
-        self.sent_seq = self.after_seq
-        self._overflow = asyncio.Event()
-        self._failure: BaseException | None = None
+class Channel:
+    """One session's feed on this replica, shared by every socket watching it in one trace
+    mode: one ordered consumer and one frame per event however many sockets watch, so a
+    hundred clients cost the bus one delivery, not a hundred.
+
+    It starts at the stream's end when its first socket joins; a socket that needs older
+    events reads them itself (`Watch.start`) up to `last_seq`, the last event this channel
+    handed out, and takes the rest from here.
+    """
+
+    def __init__(self, hub: "Hub", key: tuple[str, str, TraceMode]) -> None:
+        self.hub, self.key = hub, key
+        self.tenant, self.session, self.mode = key
+        self.feed = feed_of(*key)
+        self.cap = STRING_CAP[self.mode]
+        self.last_seq = 0
+        self.members: set[Watch] = set()
         self._subs: list[Subscription] = []
 
-    async def start(self) -> None:
-        cap = STRING_CAP[self.trace_mode]
-        if self.trace_mode == "off":  # the session-level log only: no run steps, no deltas
-            feed = log_subject(self.tenant, self.session)
-        else:
-            feed = session_filter(self.tenant, self.session)
-
-            async def on_delta(msg: Msg) -> None:
-                frame = delta_frame(msg.data, cap)
-                if frame is not None:
-                    self._put(0, frame)
-
+    async def open(self) -> None:
+        js = self.hub.nc.jetstream()
+        info = await js.stream_info(streams.SESSIONS.name)
+        self.last_seq = info.state.last_seq
+        if self.mode != "off":
             self._subs.append(
-                await self.nc.subscribe(subjects.live(self.tenant, self.session), cb=on_delta)
+                await self.hub.nc.subscribe(
+                    subjects.live(self.tenant, self.session), cb=self._on_delta
+                )
             )
-
-        async def on_event(msg: Msg) -> None:
-            seq = msg.metadata.sequence.stream
-            if seq <= self._queued_seq or self._overflow.is_set():
-                return  # a redelivery after the consumer was recreated: already queued
-            headers = msg.headers or {}
-            try:
-                payload = await self._payload(msg.subject, headers, msg.data)
-            except (CodecError, LookupError, ValueError) as exc:
-                self._failure = exc
-                self._overflow.set()
-                return
-            self._queued_seq = seq
-            self._put(
-                seq, event_frame(msg.subject, seq, headers.get(HASH_HEADER, ""), payload, cap)
-            )
-
         start = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.after_seq + 1
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last_seq + 1
         )
         self._subs.append(
-            await self.nc.jetstream().subscribe(
-                feed,
-                stream=streams.SESSIONS.name,
-                ordered_consumer=True,
-                config=start,
-                idle_heartbeat=5.0,
-                cb=on_event,
+            await js.subscribe(
+                self.feed, stream=streams.SESSIONS.name, ordered_consumer=True, config=start,
+                idle_heartbeat=5.0, cb=self._on_event,
             )
-        )
+        )  # fmt: skip
 
-    async def _payload(self, subject: str, headers: dict[str, str], data: bytes) -> bytes:
+    async def _on_delta(self, msg: Msg) -> None:
+        frame = delta_frame(msg.data, self.cap)
+        if frame is not None:
+            for member in list(self.members):
+                member.offer(0, frame)
+
+    async def _on_event(self, msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
+        if seq <= self.last_seq:
+            return  # a redelivery after the consumer was recreated
+        headers = msg.headers or {}
+        try:
+            frame = await self.hub.frame(msg.subject, seq, headers, msg.data, self.tenant, self.cap)
+        except (CodecError, LookupError, ValueError) as exc:
+            for member in list(self.members):
+                member.fail(exc)
+            return
+        self.last_seq = seq
+        for member in list(self.members):
+            member.offer(seq, frame)
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):  # a connection already closing
+                await sub.unsubscribe()
+        self._subs.clear()
+
+
+class Hub:
+    """This replica's channels, opened on a socket's first join and closed with its last."""
+
+    def __init__(self, nc: Client, blobs: JetStreamBlobs, codec: Codec, reader: Any) -> None:
+        self.nc, self.blobs, self.codec, self.reader = nc, blobs, codec, reader
+        self.channels: dict[tuple[str, str, TraceMode], Channel] = {}
+        self._lock = asyncio.Lock()
+
+    async def join(self, watch: "Watch") -> Channel:
+        key = (watch.tenant, watch.session, watch.trace_mode)
+        async with self._lock:
+            channel = self.channels.get(key)
+            if channel is None:
+                channel = Channel(self, key)
+                await channel.open()
+                self.channels[key] = channel
+            channel.members.add(watch)
+        return channel
+
+    async def leave(self, watch: "Watch", channel: Channel) -> None:
+        async with self._lock:
+            channel.members.discard(watch)
+            if not channel.members and self.channels.get(channel.key) is channel:
+                del self.channels[channel.key]
+                await channel.close()
+
+    async def frame(
+        self, subject: str, seq: int, headers: dict[str, str], data: bytes, tenant: str, cap: int
+    ) -> str:
+        payload = await self._payload(headers, data, tenant)
+        return event_frame(subject, seq, headers.get(HASH_HEADER, ""), payload, cap)
+
+    async def _payload(self, headers: dict[str, str], data: bytes, tenant: str) -> bytes:
         if headers.get(TYPE_HEADER) != "blob.offloaded":
             return data
         stub = self.codec.decode_stored(data)
@@ -163,22 +199,80 @@ class Watch:
             return data
         ref = stub.data.blob
         # read for the subject's tenant, never for the tenant the stored bytes claim
-        full = await self.blobs.get(self.tenant, ref.sha256)
+        full = await self.blobs.get(tenant, ref.sha256)
         if sha256_hex(full) != ref.sha256 or len(full) != ref.size:
             raise CodecError(f"offloaded payload of event {stub.id} does not match its digest")
         return full
 
-    def _put(self, seq: int, frame: str) -> None:
+
+class Watch:
+    """One socket's view: `start()` (its backlog, then the shared channel), `next()`,
+    `delivered(seq)` after each send, `stop()`.
+
+    The backlog is read with backpressure (a slow socket only slows its own reads); the live
+    events arriving meanwhile wait in the same bounded queue's budget, and only live frames
+    can overflow it.
+    """
+
+    def __init__(
+        self, hub: Hub, tenant: str, session: str, after_seq: int,
+        trace_mode: TraceMode = "compact", limit: int = 1024,
+    ) -> None:  # fmt: skip
+        self.hub, self.tenant, self.session = hub, tenant, session
+        self.after_seq, self.trace_mode, self.limit = after_seq, trace_mode, limit
+        self._queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue(maxsize=limit)
+        self._pending: list[tuple[int, str]] | None = []  # live frames held during the backlog
+        self._queued_seq = after_seq
+        self.sent_seq = after_seq
+        self._overflow = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._channel: Channel | None = None
+        self._backlog: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        channel = await self.hub.join(self)
+        self._channel = channel
+        upto = channel.last_seq  # what the channel handed out before this socket joined
+        self._backlog = asyncio.create_task(self._read_backlog(channel, upto))
+
+    async def _read_backlog(self, channel: Channel, upto: int) -> None:
+        try:
+            if upto > self.after_seq:
+                async for raw in self.hub.reader.read_raw(
+                    channel.feed, from_seq=self.after_seq + 1, up_to_seq=upto
+                ):
+                    frame = await self.hub.frame(
+                        raw.subject, raw.seq, raw.headers, raw.data, self.tenant, channel.cap
+                    )
+                    await self._queue.put((raw.seq, frame))
+                    self._queued_seq = raw.seq
+            pending, self._pending = self._pending or [], None
+            for seq, frame in pending:
+                self.offer(seq, frame)
+        except (CodecError, LookupError, ValueError, TimeoutError) as exc:
+            self.fail(exc)
+
+    def offer(self, seq: int, frame: str) -> None:
         if self._overflow.is_set():
+            return
+        if self._pending is not None:
+            self._pending.append((seq, frame))
+            if len(self._pending) > self.limit:
+                self._overflow.set()
+            return
+        if seq and seq <= self._queued_seq:
             return
         try:
             self._queue.put_nowait((seq, frame))
         except asyncio.QueueFull:
             self._overflow.set()
+            return
+        if seq:
+            self._queued_seq = seq
 
-    def delivered(self, frame_seq: int) -> None:
-        if frame_seq:
-            self.sent_seq = frame_seq
+    def fail(self, exc: BaseException) -> None:
+        self._failure = exc
+        self._overflow.set()
 
     async def next(self) -> tuple[int, str]:
         """The next frame and its sequence (0 for a delta); raises `Overflowed` once the queue
@@ -198,13 +292,20 @@ class Watch:
             raise self._ended()
         return getter.result()
 
+    def delivered(self, frame_seq: int) -> None:
+        if frame_seq:
+            self.sent_seq = frame_seq
+
     def _ended(self) -> BaseException:
         if self._failure is not None:
             return self._failure
         return Overflowed(self.sent_seq, self.limit)
 
     async def stop(self) -> None:
-        for sub in self._subs:
-            with contextlib.suppress(Exception):  # a connection already closing
-                await sub.unsubscribe()
-        self._subs.clear()
+        if self._backlog is not None:
+            self._backlog.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._backlog
+        if self._channel is not None:
+            await self.hub.leave(self, self._channel)
+            self._channel = None

@@ -17,6 +17,7 @@ from fleet_events.codec import Codec
 from fleet_events.ids import InvalidId, check_id
 from fleet_events.session import SessionCreated, log_subject
 from fleet_gateway.errors import ApiError, not_found
+from fleet_gateway.live import Hub
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.store import EMPTY, AppendConflict, EventStore, open_store
 
@@ -40,6 +41,7 @@ class SessionLog:
     blobs: JetStreamBlobs
     codec: Codec
     replica: str
+    hub: Hub
 
     def envelope(
         self, tenant: str, session: str, data: Event, *, turn: str | None = None,
@@ -87,9 +89,10 @@ async def session_log(connection: HTTPConnection) -> SessionLog:
     if cached is None or cached.nc is not nc:
         js = nc.jetstream()
         blobs = await JetStreamBlobs.open(js)
+        store, codec = await open_store(js, streams.SESSIONS), Codec(blobs)
         cached = SessionLog(
-            nc=nc, store=await open_store(js, streams.SESSIONS), blobs=blobs,
-            codec=Codec(blobs), replica=state.replica,
+            nc=nc, store=store, blobs=blobs, codec=codec, replica=state.replica,
+            hub=Hub(nc, blobs, codec, store),
         )  # fmt: skip
         connection.app.state.session_log = cached
     return cached

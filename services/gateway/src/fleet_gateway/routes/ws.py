@@ -82,10 +82,7 @@ class _Socket:
             after_seq = self.watch.sent_seq  # a new trace mode resumes where the old one was
         await self.stop_watch()
         limit: int = self.ws.app.state.gateway.settings.ws_queue_limit
-        h = self.handles
-        watch = Watch(
-            h.nc, h.blobs, h.codec, self.principal.tenant, session, after_seq, mode, limit=limit
-        )
+        watch = Watch(self.handles.hub, self.principal.tenant, session, after_seq, mode, limit)
         await watch.start()
         self.watch, self.session, self.trace_mode = watch, session, mode
         self.pump = asyncio.create_task(self._pump(watch))

@@ -78,8 +78,8 @@ async def test_turns_run_refuse_and_cancel_across_two_gateway_replicas(
         return list(answer.json()["items"])
 
     try:
-        for client in (a, b):
-            await eventually(lambda c=client: up(c), timeout=30, what="gateway replica")
+        await eventually(lambda: up(a), timeout=30, what="gateway replica a")
+        await eventually(lambda: up(b), timeout=30, what="gateway replica b")
         created = await a.post("/api/v1/sessions", json={"title": "mesh"})
         session = created.json()["session"]["id"]
         held = await a.post(f"/api/v1/sessions/{session}/turns", json={"message": "[hold:h1] hi"})
@@ -107,7 +107,7 @@ async def test_turns_run_refuse_and_cancel_across_two_gateway_replicas(
 
         async def cancelled() -> bool:
             found = {t["id"]: t for t in await turns(a, session)}
-            return found[first]["status"] == "cancelled"
+            return bool(found[first]["status"] == "cancelled")
 
         await eventually(cancelled, timeout=30, what="the held turn cancelled")
         echo = await a.post(f"/api/v1/sessions/{session}/turns", json={"message": "say this"})

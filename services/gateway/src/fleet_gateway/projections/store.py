@@ -44,6 +44,7 @@ class ProjectionStore:
         self._migrate()
         self.checkpoint = self._read_checkpoint()
         self._advanced = asyncio.Condition()
+        self._known: set[tuple[str, str]] = set()
 
     def _migrate(self) -> None:
         has_meta = self._db.execute(
@@ -86,7 +87,7 @@ class ProjectionStore:
                 if event.seq <= last:
                     continue
                 if event.envelope is not None:
-                    fold.apply(cur, event.subject, event.seq, event.envelope)
+                    fold.apply(cur, event.subject, event.seq, event.envelope, self._known)
                     applied += 1
                 last = event.seq
             cur.execute(
@@ -95,6 +96,7 @@ class ProjectionStore:
             cur.execute("COMMIT")
         except BaseException:
             cur.execute("ROLLBACK")
+            self._known.clear()  # it may name rows the rollback removed
             raise
         if last != self.checkpoint:
             self.checkpoint = last

@@ -49,7 +49,6 @@ CLOSE_OVERFLOW = 4008
 CLOSE_IDENTITY = 1008
 CLOSE_BUS = 1011
 IDENTITY_PARAMS = frozenset({"tenant", "tenant_id", "tid", "user", "user_id", "workspace_id"})
-DEFAULT_QUEUE_LIMIT = 1024
 
 
 def _reason(code: str, **fields: object) -> str:

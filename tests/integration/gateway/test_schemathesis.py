@@ -44,7 +44,13 @@ def gateway(nats_server: NatsServer, tmp_path: Path) -> Any:
         "gateway",
         nats_server.url,
         tmp_path / "gateway.log",
-        {"FLEET_GATEWAY_PORT": str(port), "FLEET_GATEWAY_DATA_DIR": str(data_dir)},
+        {
+            "FLEET_GATEWAY_PORT": str(port),
+            "FLEET_GATEWAY_DATA_DIR": str(data_dir),
+            # the fuzz is one client far over a tenant's usual rate: 429 is tested elsewhere
+            "FLEET_GATEWAY_TENANT_RPS": "100000",
+            "FLEET_GATEWAY_TENANT_BURST": "100000",
+        },
     )
     url = f"http://127.0.0.1:{port}"
     eventually_sync(

@@ -415,3 +415,56 @@ async def test_an_oversized_body_is_413_and_stores_nothing(api: Api, js: JetStre
     assert streamed.status_code == 413
     head = await (await _store(js)).head(log_subject(tenant, session))
     assert head.seq == seq
+
+
+async def test_a_tenant_over_its_request_rate_gets_429_and_another_tenant_does_not(
+    nats_server: NatsServer, js: JetStreamContext, tmp_path: Path
+) -> None:
+    async with running_api(nats_server.url, tmp_path, tenant_rps=0.01, tenant_burst=3) as api:
+        busy, calm = tenant_id(), tenant_id()
+        answers = [(await api.call("GET", "/api/v1/auth/me", busy)).status_code for _ in range(4)]
+        assert answers == [200, 200, 200, 429]
+        over = await api.call("GET", "/api/v1/sessions", busy)
+        assert over.json()["code"] == "rate_limited"
+        assert int(over.headers["retry-after"]) >= 1
+        assert (await api.call("GET", "/api/v1/sessions", calm)).status_code == 200
+
+
+async def test_a_tenant_at_its_concurrent_turns_gets_429_and_nothing_is_stored(
+    nats_server: NatsServer, js: JetStreamContext, tmp_path: Path
+) -> None:
+    async with running_api(nats_server.url, tmp_path, tenant_concurrent_turns=2) as api:
+        tenant = tenant_id()
+        sessions = [(await _create(api, tenant))[0] for _ in range(3)]
+        asked = []
+        for session in sessions[:2]:
+            response = await api.call(
+                "POST", f"/api/v1/sessions/{session}/turns", tenant, json={"message": "q"}
+            )
+            asked.append(response.json())
+        assert api.state.projections is not None
+        assert await api.state.projections.wait_for(asked[-1]["seq"], 5)
+        store = await _store(js)
+        before = await store.head(log_subject(tenant, sessions[2]))
+        third = await api.call(
+            "POST", f"/api/v1/sessions/{sessions[2]}/turns", tenant, json={"message": "q"}
+        )
+        assert third.status_code == 429
+        assert third.json()["code"] == "too_many_turns"
+        assert third.json()["details"] == {"active_turns": 2, "limit": 2}
+        assert third.headers["retry-after"] == "2"
+        assert await store.head(log_subject(tenant, sessions[2])) == before
+        neighbour = tenant_id()  # the quota is the tenant's, not the mesh's
+        theirs, _ = await _create(api, neighbour)
+        other = await api.call(
+            "POST", f"/api/v1/sessions/{theirs}/turns", neighbour, json={"message": "q"}
+        )
+        assert other.status_code == 202
+        end = await _as_agent(
+            store, tenant, sessions[0], TurnCompleted(answer="a"), turn=asked[0]["turn"]
+        )
+        assert await api.state.projections.wait_for(end, 5)
+        again = await api.call(
+            "POST", f"/api/v1/sessions/{sessions[2]}/turns", tenant, json={"message": "q"}
+        )
+        assert again.status_code == 202

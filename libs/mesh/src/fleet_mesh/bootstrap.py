@@ -141,6 +141,7 @@ async def _ensure_kv(js: JetStreamContext, spec: KvSpec, replicas: int) -> str:
                 description=spec.description,
                 history=spec.history,
                 max_value_size=spec.max_value_size,
+                ttl=spec.ttl_s,
                 storage=StorageType.FILE,
                 replicas=replicas,
             )

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from fleet_events.ids import InvalidId, check_id
 from fleet_gateway.config import GatewaySettings
 from fleet_gateway.errors import ApiError
+from fleet_gateway.quotas import RateLimiter
 
 GATEWAY_ISSUER = "fleet-gateway"
 GATEWAY_AUDIENCE = "fleet-rlm"
@@ -169,6 +170,8 @@ class JwksVerifier:
 class Authenticator:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
+        # The door meters what it admits: every authenticated request costs its tenant a token.
+        self.rate = RateLimiter(settings.tenant_rps, settings.tenant_burst)
         self._secret = signing_secret(settings.data_dir) if settings.data_dir else None
         self.oidc = (
             JwksVerifier(
@@ -251,14 +254,17 @@ async def current_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    """The FastAPI dependency every /api route takes: the caller, or 401."""
+    """The FastAPI dependency every /api route takes: the caller, or 401 (429 when its
+    tenant is over its request rate)."""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise _unauthorized(
             "auth_required",
             "send 'Authorization: Bearer <token>' (fleet up prints a development token)",
         )
     authenticator: Authenticator = request.app.state.gateway.auth
-    return await authenticator.authenticate(credentials.credentials)
+    principal = await authenticator.authenticate(credentials.credentials)
+    authenticator.rate.charge(principal.tenant)  # 429 rate_limited over the tenant's rate
+    return principal
 
 
 async def current_tenant(principal: Annotated[Principal, Depends(current_principal)]) -> str:

@@ -39,6 +39,11 @@ class GatewaySettings(BaseSettings):
     admin_claim: str = "fleet_admin"
     ticket_ttl_s: float = Field(default=60.0, gt=0, le=300)
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    tenant_rps: float = Field(default=50.0, gt=0)
+    """Requests per second one tenant may make to one replica (a token bucket)."""
+    tenant_burst: float = Field(default=100.0, ge=1)
+    tenant_concurrent_turns: int = Field(default=8, ge=1)
+    """Turns one tenant may have queued or running at once, across its sessions."""
     read_wait_max_s: float = Field(default=5.0, gt=0, le=60)
     """The longest a read with `min_seq` waits for this replica's projections to catch up."""
     ws_queue_limit: int = Field(default=1024, ge=1, le=100_000)

@@ -1,7 +1,7 @@
 """The read models' tables. Bump `VERSION` whenever a table or the fold changes meaning: a
 database of another version is dropped and rebuilt from sequence 0 on open."""
 
-VERSION = 1
+VERSION = 2
 PROJECTOR = "sessions"
 """The checkpoint's name: one projector fills every table here in one transaction per batch.
 Trace trees (issue 12) add tables and bump `VERSION`, or get a projector and checkpoint of
@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS turns (
     PRIMARY KEY (tenant, session, turn)
 );
 CREATE INDEX IF NOT EXISTS turns_by_index ON turns (tenant, session, turn_index);
+CREATE INDEX IF NOT EXISTS turns_by_status ON turns (tenant, status);
 CREATE TABLE IF NOT EXISTS model_stats (
     tenant TEXT NOT NULL,
     session TEXT NOT NULL,

@@ -134,6 +134,14 @@ class ProjectionStore:
         ).fetchone()
         return None if row is None else str(row[0])
 
+    def active_turns(self, tenant: str) -> int:
+        """The tenant's queued and running turns, over all its sessions."""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM turns WHERE tenant=? AND status IN ('queued','running')",
+            (tenant,),
+        ).fetchone()
+        return int(row[0])
+
     def turn(self, tenant: str, session: str, turn: str) -> dict[str, Any] | None:
         cur = self._db.execute(
             "SELECT * FROM turns WHERE tenant=? AND session=? AND turn=?", (tenant, session, turn)

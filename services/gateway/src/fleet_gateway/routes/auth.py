@@ -11,7 +11,9 @@ from fleet_gateway.components import ready
 from fleet_gateway.errors import ErrorBody
 
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "no token, or a token refused"}
+    401: {"model": ErrorBody, "description": "no token, or a token refused"},
+    429: {"model": ErrorBody, "description": "the tenant is over its request rate"},
+    503: {"model": ErrorBody, "description": "the mesh or the OIDC issuer is not reachable"},
 }
 router = APIRouter(prefix="/api/v1/auth", tags=["auth"], responses=UNAUTHORIZED)
 

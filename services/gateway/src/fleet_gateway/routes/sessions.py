@@ -30,6 +30,7 @@ from fleet_gateway.errors import ApiError, ErrorBody, not_found
 from fleet_gateway.projections import ProjectionStore
 from fleet_gateway.projections.fold import stamp
 from fleet_gateway.projections.store import decode_cursor, encode_cursor
+from fleet_gateway.quotas import turns_over_quota
 from fleet_gateway.writes import append_to_log, log_head
 from fleet_mesh.store import EventStore
 
@@ -45,6 +46,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (409, "the session is deleted, or has no running turn to cancel"),
         (413, "the request body is over the limit"),
         (422, "a field is invalid (or min_seq is past the log): the body says which and why"),
+        (429, "the tenant is over its request rate or its concurrent turns"),
         (503, "this replica has not folded the log up to min_seq yet, or the log is busy"),
     )
 }
@@ -430,7 +432,11 @@ async def request_turn(
     """Append `turn.requested`; the agent's dispatcher admits or refuses it (`turn.refused`
     when another turn runs or the session is deleted), so watch `/turns` for its status."""
     assert body.mode in EXECUTION_MODES
-    store, _, actor, _ = _parts(request)
+    store, projections, actor, _ = _parts(request)
+    limit = request.app.state.gateway.settings.tenant_concurrent_turns
+    active = projections.active_turns(principal.tenant)
+    if active >= limit:
+        raise turns_over_quota(principal.tenant, active, limit)
     turn = new_id()
     seq, _ = await append_to_log(
         store,

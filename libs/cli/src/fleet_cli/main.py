@@ -143,7 +143,8 @@ async def _announce(
     if answer.ready:
         console.print(f"[bold green]fleet is ready:[/] {options.gateway_url}")
         token = dev_token(gateway_dir(options.data_dir))
-        console.print(f"development token (tenant dev, admin, 30 days): {token}")
+        # one line, never folded at the console's width: it is copied whole
+        console.print(f"development token (tenant dev, admin, 30 days): {token}", soft_wrap=True)
     else:
         console.print(
             f"[yellow]not ready after {ready_timeout:.0f}s[/]; still supervising. "

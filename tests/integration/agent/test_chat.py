@@ -33,7 +33,7 @@ from fleet_agent.chat.urls import UrlLoader, public_only
 from fleet_agent.engine.mesh import MeshPool
 from fleet_agent.engine.model import EngineMesh, RlmResult, RlmTask, RunContext, root_run_id
 from fleet_agent.lenient import LenientCodec
-from fleet_agent.runners import Answered, CancelToken, Stopped, TurnInput
+from fleet_agent.runners import Answered, CancelToken, Parked, Stopped, TurnInput
 from fleet_agent.session_state import FOLD, answer_input, history
 from fleet_events import Actor, Envelope, Event, bus, new_id, streams, utc_now
 from fleet_events.bus import Ping
@@ -210,7 +210,7 @@ class Chat:
         runner: ChatRunner | None = None,
         token: CancelToken | None = None,
         **opts: Any,
-    ) -> tuple[str, Answered | Stopped]:
+    ) -> tuple[str, Answered | Stopped | Parked]:
         turn = new_id()
         await self.append(turn, TurnRequested(message=message, mode=mode))
         chosen = runner or self.runner(**opts)
@@ -385,7 +385,7 @@ async def test_a_failed_rlm_falls_back_to_react(chat: Chat) -> None:
 async def test_a_failed_react_step_falls_back_to_cot_which_does_not_escalate_again(
     chat: Chat,
 ) -> None:
-    script = [
+    script: list[Reply | str] = [
         Reply("the model server broke", status=500),
         cot("a plain answer", needs_tools=True),
     ]

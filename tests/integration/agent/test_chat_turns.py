@@ -139,7 +139,7 @@ async def test_a_question_parks_the_turn_holding_no_worker_and_the_answer_resume
 
             async def idle() -> bool:
                 pong = await rpc.call_verb(s.nc, bus.ping("agent"), Ping(), timeout=2)
-                return pong.details["turns_running"] == 0
+                return bool(pong.details["turns_running"] == 0)
 
             await eventually(idle, timeout=30, what="the replica to hold no turn")
             assert len(fake.requests) == 1  # nothing runs while the user thinks

@@ -153,6 +153,7 @@ def test_every_call_is_granted_recorded_and_priced_by_the_profile(tenant: Tenant
         assert called.model == "openai/scripted"
         assert (called.role, called.request_kind) == ("planner", "sub")
         assert called.response == fields(answer="Paris")
+        assert isinstance(called.messages, list)  # small enough to travel inline
         assert [m.role for m in called.messages] == ["system", "user"]
         assert "Capital of France?" in str(called.messages[-1].content)
         assert called.grant_id

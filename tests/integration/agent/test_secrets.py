@@ -4,6 +4,7 @@ the name it was written for; profiles hold references; FLEET_LLM_* seed the defa
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nacl.public import PrivateKey, SealedBox
@@ -72,8 +73,9 @@ async def test_the_writer_seals_and_only_the_services_key_opens(
     kv = await js.key_value(streams.SECRETS.bucket)
     stored = (await kv.get(secret_key("openai", tenant))).value
     assert stored is not None
+    public_only: Any = SealedBox(load_public_key(public_file))
     with pytest.raises(TypeError):
-        SealedBox(load_public_key(public_file)).decrypt(stored)  # type: ignore[arg-type]
+        public_only.decrypt(stored)
     stored_raw = await raw_stream_bytes(js, "KV_fleet-secrets")
     assert all(PLANTED.encode() not in raw for raw in stored_raw)
     # another key pair cannot open it

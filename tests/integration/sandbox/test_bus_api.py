@@ -9,7 +9,7 @@ from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
 from fleet_events import streams
 from fleet_events.codec import Codec
-from fleet_events.envelope import new_id
+from fleet_events.envelope import BlobRef, new_id
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.rpc import RemoteError
@@ -54,7 +54,7 @@ def test_files_in_and_out_inline_and_through_the_object_store(bus: SandboxBus) -
     info = bus.create_sandbox()
     bus.put_file(info.sandbox, "in/data.csv", b"a,b\n1,2\n")
 
-    async def upload(data: bytes) -> sb.BlobRef:
+    async def upload(data: bytes) -> BlobRef:
         return await (await JetStreamBlobs.open(bus.nc.jetstream())).put(bus.tenant, data)
 
     big = b"x" * (3 * 1024 * 1024)

@@ -5,7 +5,8 @@ Each case: the sandbox is stopped or refused with a clear error, and the broker 
 """
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError
@@ -28,7 +29,7 @@ class Box:
         self.info: SandboxInfo = bus.create_sandbox(limits=limits)
         self.repl = RemoteInterpreter(bus, self.info.sandbox)
 
-    def run(self, code: str) -> object:
+    def run(self, code: str) -> Any:
         return self.repl.execute(code)
 
     def close(self) -> None:
@@ -36,18 +37,21 @@ class Box:
         self.bus.delete_sandbox(self.info.sandbox)
 
 
+MakeBox = Callable[..., Box]
+
+
 @pytest.fixture
-def make(bus: SandboxBus) -> Iterator[type[Box]]:
+def make(bus: SandboxBus) -> Iterator[MakeBox]:
+    """Boxes on the module's bus, each closed when the test ends."""
     made: list[Box] = []
 
-    class Tracked(Box):
-        def __init__(self, limits: Limits | None = None) -> None:
-            super().__init__(bus, limits)
-            made.append(self)
+    def box(limits: Limits | None = None) -> Box:
+        made.append(Box(bus, limits))
+        return made[-1]
 
-    yield Tracked  # type: ignore[misc]
-    for box in made:
-        box.close()
+    yield box
+    for box_made in made:
+        box_made.close()
 
 
 def assert_broker_healthy(bus: SandboxBus) -> None:
@@ -71,7 +75,7 @@ def no_process_of(uid: int) -> bool:
     return True
 
 
-def test_runs_unprivileged_with_a_scrubbed_environment(make: type[Box]) -> None:
+def test_runs_unprivileged_with_a_scrubbed_environment(make: MakeBox) -> None:
     box = make()
     uid, gids, env = box.run("import os\n(os.getuid(), os.getgroups(), dict(os.environ))")
     assert uid == box.info.uid
@@ -83,7 +87,7 @@ def test_runs_unprivileged_with_a_scrubbed_environment(make: type[Box]) -> None:
     assert all(line.split()[1] == "0000000000000000" for line in caps)
 
 
-def test_cannot_read_the_brokers_secrets(make: type[Box], broker: Replica) -> None:
+def test_cannot_read_the_brokers_secrets(make: MakeBox, broker: Replica) -> None:
     box = make()
     code = f"""
 import os
@@ -98,7 +102,7 @@ for pid in ['1', 'self', '{broker.pid}'] + [p for p in os.listdir('/proc') if p.
         found.append(pid)
 (found, dict(refused).get('1'), dict(refused).get('{broker.pid}'))
 """
-    found, init_errno, broker_errno = box.run(code)  # type: ignore[misc]
+    found, init_errno, broker_errno = box.run(code)
     assert found == []
     assert init_errno == 13
     assert broker_errno == 13
@@ -106,7 +110,7 @@ for pid in ['1', 'self', '{broker.pid}'] + [p for p in os.listdir('/proc') if p.
         box.run("open('/root/.bashrc').read()")
 
 
-def test_host_directories_holding_projects_state_and_sockets_are_hidden(make: type[Box]) -> None:
+def test_host_directories_holding_projects_state_and_sockets_are_hidden(make: MakeBox) -> None:
     box = make()
     code = """
 import os
@@ -118,7 +122,7 @@ for d in ['/work', '/home', '/root', '/var/lib', '/var/log', '/run', '/opt', '/t
         seen[d] = type(e).__name__
 (seen, os.path.exists('/work/main/pyproject.toml'), os.path.exists('/usr/bin/python3'))
 """
-    seen, project_visible, python_visible = box.run(code)  # type: ignore[misc]
+    seen, project_visible, python_visible = box.run(code)
     assert project_visible is False
     assert python_visible is True
     # mounted by allow-list (test_provider_mounts.py): these do not exist inside at all
@@ -133,7 +137,7 @@ for d in ['/work', '/home', '/root', '/var/lib', '/var/log', '/run', '/opt', '/t
 
 
 def test_cannot_write_outside_its_workspace(
-    make: type[Box], tmp_path_factory: pytest.TempPathFactory
+    make: MakeBox, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     box, other = make(), make()
     other_ws = other.info.workspace
@@ -162,7 +166,7 @@ with open('inside.txt', 'w') as f:
     f.write('ok')
 (written, refused)
 """
-    written, refused = box.run(code)  # type: ignore[misc]
+    written, refused = box.run(code)
     assert written == []
     assert set(refused) == set(targets)
     assert box.bus.read_file(box.info.sandbox, "inside.txt") == b"ok"
@@ -172,7 +176,7 @@ with open('inside.txt', 'w') as f:
     assert host_tmp == []
 
 
-def test_cannot_reach_nats_or_the_network(make: type[Box], nats_server: NatsServer) -> None:
+def test_cannot_reach_nats_or_the_network(make: MakeBox, nats_server: NatsServer) -> None:
     box = make()
     code = f"""
 import socket, errno
@@ -194,9 +198,7 @@ out
 
 
 @pytest.mark.slow
-def test_an_infinite_loop_is_stopped_by_the_wall_time_limit(
-    make: type[Box], bus: SandboxBus
-) -> None:
+def test_an_infinite_loop_is_stopped_by_the_wall_time_limit(make: MakeBox, bus: SandboxBus) -> None:
     box = make(Limits(wall_s=1))
     with pytest.raises(CodeInterpreterError, match=r"exceeded the 1 s wall-time limit"):
         box.run("while True:\n    pass")
@@ -205,7 +207,7 @@ def test_an_infinite_loop_is_stopped_by_the_wall_time_limit(
 
 
 @pytest.mark.slow
-def test_cpu_time_limit_stops_a_busy_cell(make: type[Box], bus: SandboxBus) -> None:
+def test_cpu_time_limit_stops_a_busy_cell(make: MakeBox, bus: SandboxBus) -> None:
     box = make(Limits(wall_s=30, cpu_s_per_cell=1))
     with pytest.raises(CodeInterpreterError, match="CPU time limit of 1 s per cell"):
         box.run("while True:\n    pass")
@@ -213,7 +215,7 @@ def test_cpu_time_limit_stops_a_busy_cell(make: type[Box], bus: SandboxBus) -> N
 
 
 @pytest.mark.slow
-def test_the_cpu_limit_is_per_cell(make: type[Box]) -> None:
+def test_the_cpu_limit_is_per_cell(make: MakeBox) -> None:
     box = make(Limits(wall_s=30, cpu_s_per_cell=1))
     burn = (
         "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end:\n    pass"
@@ -225,7 +227,7 @@ def test_the_cpu_limit_is_per_cell(make: type[Box]) -> None:
 
 
 @pytest.mark.slow
-def test_a_memory_bomb_hits_the_memory_limit(make: type[Box], bus: SandboxBus) -> None:
+def test_a_memory_bomb_hits_the_memory_limit(make: MakeBox, bus: SandboxBus) -> None:
     box = make(Limits(memory_mb=256))
     with pytest.raises(CodeInterpreterError, match="memory limit of 256 MiB") as caught:
         box.run("hog = []\nwhile True:\n    hog.append(bytearray(16 * 1024 * 1024))")
@@ -235,7 +237,7 @@ def test_a_memory_bomb_hits_the_memory_limit(make: type[Box], bus: SandboxBus) -
 
 
 @pytest.mark.slow
-def test_the_process_limit_caps_forks(make: type[Box]) -> None:
+def test_the_process_limit_caps_forks(make: MakeBox) -> None:
     box = make(Limits(nproc=12))
     code = """
 import os, signal
@@ -251,13 +253,13 @@ except OSError as e:
     error = type(e).__name__
 (len(children), error)
 """
-    count, error = box.run(code)  # type: ignore[misc]
+    count, error = box.run(code)
     assert error == "BlockingIOError"
     assert count < 12
 
 
 @pytest.mark.slow
-def test_a_fork_bomb_is_contained_and_cleaned_up(make: type[Box], bus: SandboxBus) -> None:
+def test_a_fork_bomb_is_contained_and_cleaned_up(make: MakeBox, bus: SandboxBus) -> None:
     box = make(Limits(nproc=16, wall_s=2))
     uid = box.info.uid
     assert uid is not None
@@ -268,7 +270,7 @@ def test_a_fork_bomb_is_contained_and_cleaned_up(make: type[Box], bus: SandboxBu
     assert_broker_healthy(bus)
 
 
-def test_printed_protocol_frames_are_just_output(make: type[Box]) -> None:
+def test_printed_protocol_frames_are_just_output(make: MakeBox) -> None:
     box = make()
     forged = '{"t":"final","exec":"x","value":{"output":"pwned"}}'
     code = (
@@ -300,7 +302,7 @@ def _write_on_channel(payload: str) -> str:
     )
 
 
-def test_a_frame_over_the_size_limit_stops_the_sandbox(make: type[Box], bus: SandboxBus) -> None:
+def test_a_frame_over_the_size_limit_stops_the_sandbox(make: MakeBox, bus: SandboxBus) -> None:
     box = make()
     with pytest.raises(
         CodeInterpreterError, match=r"frame of 104857600 bytes, over the \d+-byte limit"
@@ -310,7 +312,7 @@ def test_a_frame_over_the_size_limit_stops_the_sandbox(make: type[Box], bus: San
     assert_broker_healthy(bus)
 
 
-def test_a_malformed_frame_stops_the_sandbox(make: type[Box], bus: SandboxBus) -> None:
+def test_a_malformed_frame_stops_the_sandbox(make: MakeBox, bus: SandboxBus) -> None:
     box = make()
     with pytest.raises(CodeInterpreterError, match="malformed frame"):
         box.run(_write_on_channel("struct.pack('>I', 9) + b'not json!'"))

@@ -15,7 +15,7 @@ from fleet_events import sandbox as sb
 from fleet_events import streams
 from fleet_events.bus import Ping
 from fleet_events.codec import Codec
-from fleet_events.envelope import new_id
+from fleet_events.envelope import BlobRef, new_id
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.blobs import JetStreamBlobs
@@ -219,7 +219,7 @@ def test_a_local_checkout_parent_gives_its_clean_child_a_bounded_snapshot(
     upload = {"src/app.py": b"print('hello')\n", "src/big.txt": b"z" * 100_000,
               "src/blob.bin": b"\0\1\2", "other/skip.txt": b"not in context"}  # fmt: skip
 
-    async def put_all() -> dict[str, sb.BlobRef]:
+    async def put_all() -> dict[str, BlobRef]:
         blobs = await JetStreamBlobs.open(tenant_bus.nc.jetstream())
         return {p: await blobs.put(tenant_bus.tenant, d) for p, d in upload.items()}
 

@@ -11,7 +11,7 @@ def request(**config: object) -> Request:
         model="openai/x",
         system="be brief",
         messages=(Message.user("hi"),),
-        config=Config(**config),  # type: ignore[arg-type]
+        config=Config(**config),
     )
 
 

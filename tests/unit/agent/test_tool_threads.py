@@ -1,6 +1,7 @@
 """Tool-call threads: reused when idle, never capped (a tool may block on a nested one)."""
 
 import threading
+from functools import partial
 
 from fleet_agent.sandbox_bus import ToolThreads
 from fleet_harness.waits import eventually_sync
@@ -11,7 +12,7 @@ def test_calls_that_block_on_each_other_each_get_a_thread() -> None:
     together = threading.Barrier(4, timeout=10)
     done: list[int] = []
     for i in range(4):
-        threads.run(lambda i=i: (together.wait(), done.append(i)))
+        threads.run(partial(_meet_then_note, together, done, i))
     eventually_sync(lambda: len(done) == 4 or None, timeout=10, what="all four calls")
     assert sorted(done) == [0, 1, 2, 3]
 
@@ -42,3 +43,8 @@ def test_idle_threads_exit_after_their_idle_time() -> None:
     again = threading.Event()
     threads.run(again.set)
     assert again.wait(10)
+
+
+def _meet_then_note(together: threading.Barrier, done: list[int], i: int) -> None:
+    together.wait()
+    done.append(i)

@@ -5,6 +5,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -140,8 +141,12 @@ async def test_stop_ends_the_services_before_what_is_marked_stop_last(tmp_path: 
     supervisor = Supervisor([nats_like, service], grace_s=5)
     supervisor.start()
     for s in (nats_like, service):
-        await eventually(lambda s=s: "up" in s.log_path.read_text(), timeout=10, what=s.name)
+        await eventually(partial(_logged_up, s.log_path), timeout=10, what=s.name)
     supervisor.stop()
     service_exit = float(service.log_path.read_text().split()[-1])
     nats_term = float(nats_like.log_path.read_text().split()[-1])
     assert service_exit < nats_term
+
+
+def _logged_up(log_path: Path) -> bool:
+    return "up" in log_path.read_text()

@@ -109,3 +109,10 @@ async def test_the_ticket_bucket_holds_no_ticket_a_reader_could_use(
             except ApiError:
                 continue
             raise AssertionError("a bucket key redeemed as a ticket")
+
+
+async def test_the_ticket_bucket_forgets_unredeemed_tickets_after_its_ttl(
+    js: JetStreamContext,
+) -> None:
+    status = await (await js.key_value("fleet-tickets")).status()
+    assert status.ttl == 300.0  # the upper bound; each ticket's own expiry is checked first

@@ -96,6 +96,9 @@ def read_bundle(lines: Iterable[bytes]) -> Bundle:
                     return bundle
                 bundle.blobs[sha] = data
                 continue
+            if "kind" in row:  # another record of the export (a signing key set): the store's
+                event_lines.append(line)  # verifier reads it, it is not an event
+                continue
             bundle.events.append(
                 EventRow(
                     str(row["subject"]), int(row["seq"]), str(row["id"]), str(row.get("hash")),

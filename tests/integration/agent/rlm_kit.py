@@ -63,7 +63,12 @@ class Processes:
     replicas: list[Replica] = field(default_factory=list)
 
 
-def start_mesh(root: Path, agent_env: dict[str, str]) -> Processes:
+def start_mesh(
+    root: Path,
+    agent_env: dict[str, str],
+    broker_env: dict[str, str] | None = None,
+    agents: int = 1,
+) -> Processes:
     server = NatsServer(
         store_dir=root / "store", sync_interval="2m", log_path=root / "nats.log"
     ).start()
@@ -76,7 +81,7 @@ def start_mesh(root: Path, agent_env: dict[str, str]) -> Processes:
                 "sandbox-broker", server.url, root / "broker.log",
                 {
                     "FLEET_SANDBOX_ROOT": str(sandboxes), "FLEET_SANDBOX_UID_BASE": "340000",
-                    "FLEET_SANDBOX_UID_COUNT": "512",
+                    "FLEET_SANDBOX_UID_COUNT": "512", **(broker_env or {}),
                 },
             )
         )  # fmt: skip
@@ -87,7 +92,9 @@ def start_mesh(root: Path, agent_env: dict[str, str]) -> Processes:
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             **agent_env,
         }
-        running.replicas.append(start_answering("agent", server.url, root / "agent.log", env))
+        for index in range(agents):
+            log = root / f"agent-{index}.log"
+            running.replicas.append(start_answering("agent", server.url, log, env))
     except BaseException:
         stop_mesh(running)
         raise
@@ -105,7 +112,9 @@ def processes(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Processes]:
     env: dict[str, str] = getattr(request.module, "AGENT_ENV", {})
-    running = start_mesh(tmp_path_factory.mktemp("rlm-mesh"), env)
+    broker: dict[str, str] = getattr(request.module, "BROKER_ENV", {})
+    agents: int = getattr(request.module, "AGENTS", 1)
+    running = start_mesh(tmp_path_factory.mktemp("rlm-mesh"), env, broker, agents)
     yield running
     stop_mesh(running)
 

@@ -11,14 +11,17 @@ import pytest
 from fleet_agent.engine import child_run_id, root_run_id
 from fleet_events.run import (
     ChildRunCompleted,
+    ChildRunFailed,
     ChildRunRequested,
+    IterationPlanned,
     LlmCalled,
+    RunCancelled,
     RunCompleted,
     RunStarted,
     ToolCalled,
 )
 from fleet_events.sandbox import ChildIsolationDecided, SandboxDeleted
-from fleet_events.session import TurnCompleted
+from fleet_events.session import CancelRequested, TurnCancelled, TurnCompleted
 from fleet_harness.scripted_lm import Reply, ScriptedLM, ScriptedRequest
 from fleet_harness.waits import eventually
 
@@ -91,9 +94,9 @@ async def assert_children_recorded(s: Session, turn: str, events: list[object]) 
     return children
 
 
-async def assert_reaped(s: Session, parent_sandbox: str, branch: str) -> None:
+async def assert_reaped(s: Session, parent_sandbox: str, branch: str, count: int = 3) -> None:
     decided = of_type(await s.sandbox_events(parent_sandbox), ChildIsolationDecided)
-    assert [d.branch for d in decided] == [branch] * 3
+    assert [d.branch for d in decided] == [branch] * count
 
     async def all_deleted() -> bool:
         for d in decided:
@@ -142,3 +145,57 @@ async def test_three_children_take_the_clean_fallback_when_the_parent_cannot_for
 
 
 pytestmark = pytest.mark.timeout(300)
+
+
+def sleeping_children_script(request: ScriptedRequest) -> Reply:
+    """The root fans out to two children; each child's one cell sleeps for five minutes."""
+    text = request.prompt_text
+    if "ROOT" in text:
+        fan = "answers = sub_rlm_batched(['child task alpha', 'child task beta'])"
+        return Reply(step(fan, reasoning="fan out and wait"), key="root")
+    name = re.search(r"child task (alpha|beta)", text)
+    assert name, "a request from neither the root nor a child"
+    code = "import time\ntime.sleep(300)\nSUBMIT(answer='late')"
+    return Reply(step(code, reasoning="sleep"), key=f"child-{name.group(1)}")
+
+
+async def test_cancel_mid_children_cancels_them_and_reaps_their_sandboxes(
+    processes: Processes,
+) -> None:
+    """The barrier: both children have planned their sleeping cell (the plan is recorded just
+    before the cell runs; a cancel that beats the cell to the sandbox is sent again)."""
+    with ScriptedLM(sleeping_children_script) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            turn = await s.ask("ROOT: wait on two sleepers")
+
+            async def both_planned() -> list[str] | None:
+                requested = of_type(await s.run_events(turn), ChildRunRequested)
+                if len(requested) < 2:
+                    return None
+                for r in requested:
+                    if not of_type(await s.events_of(r.child_run), IterationPlanned):
+                        return None
+                return [r.child_run for r in requested]
+
+            children = await eventually(both_planned, timeout=60, what="both children to plan")
+            await s.append(turn, CancelRequested(reason="user pressed stop"))
+            ended = await s.ended(turn, timeout=120)
+            events = await s.run_events(turn)
+            (started,) = of_type(events, RunStarted)
+            for child in children:
+                last = (await s.events_of(child))[-1]
+                assert isinstance(last, RunCancelled), last
+                assert last.reason == "user pressed stop"
+            await assert_reaped(s, started.sandbox, "fork", count=2)
+    assert isinstance(ended, TurnCancelled), ended
+    failed = of_type(events, ChildRunFailed)
+    assert sorted(f.child_run for f in failed) == sorted(children)
+    assert all(f.cancelled for f in failed)
+    for f in failed:
+        assert f.child_head_hash  # the cancelled child's chain is still tied in
+    root_end = events[-1]
+    assert isinstance(root_end, RunCancelled)
+    # nothing after the root's end: the children's results were recorded before it
+    assert all(isinstance(e, RunCancelled) for e in events[events.index(root_end) :])
+    assert fake.calls == {"root": 1, "child-alpha": 1, "child-beta": 1}

@@ -67,6 +67,11 @@ class WorkStats:
     failed: int = 0
     lent: int = 0
     """Slots handlers have lent back while they wait (`WorkConsumer.lend_slot`)."""
+    busy_peak: int = 0
+    """The most handlers holding a slot at once (running, less those lent back)."""
+
+    def note_busy(self) -> None:
+        self.busy_peak = max(self.busy_peak, self.running - self.lent)
 
 
 class WorkConsumer:
@@ -127,6 +132,7 @@ class WorkConsumer:
     async def _handle(self, msg: Msg) -> None:
         self.stats.running += 1
         self.stats.peak = max(self.stats.peak, self.stats.running)
+        self.stats.note_busy()
         progress = asyncio.create_task(self._report_progress(msg))
         settle = Settle.NAK
         try:
@@ -170,6 +176,7 @@ class WorkConsumer:
     async def reclaim_slot(self) -> None:
         await self._slots.acquire()
         self.stats.lent -= 1
+        self.stats.note_busy()
 
     async def _settle(self, msg: Msg, settle: Settle) -> None:
         if settle is Settle.ACK:

@@ -67,6 +67,7 @@ async def setup(ctx: service.ServiceContext, settings: AgentSettings | None = No
         "turns_peak": turns.stats.peak,
         "turns_handled": turns.stats.handled,
         "progress_sent": turns.stats.progress_sent,
+        **getattr(runner, "ping_details", dict)(),
     }
 
 

@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from fleet_agent.engine.mesh import MeshPool
-from fleet_agent.engine.model import EngineMesh, RlmTask, RunContext, SlotLease
+from fleet_agent.engine.model import EngineMesh, RlmTask, RunContext, SlotLease, in_own_thread
 from fleet_agent.engine.rlm import run_rlm
 from fleet_agent.turn_log import TurnLog
 from fleet_events import Envelope, InvalidId, check_id, new_id, utc_now
@@ -148,7 +148,7 @@ class ChildRunWorker:
         if work.branch == "context":
             return
         with contextlib.suppress(Exception):  # already gone: nothing to reap
-            await asyncio.to_thread(mesh.bus.delete_sandbox, work.sandbox)
+            await in_own_thread(mesh.bus.delete_sandbox, work.sandbox)
 
 
 async def _unsubscribe(sub: Subscription) -> None:

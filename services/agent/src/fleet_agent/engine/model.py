@@ -9,6 +9,7 @@ refused by the store's head check instead of writing a second history).
 """
 
 import asyncio
+import contextlib
 import hashlib
 import threading
 from collections.abc import Callable, Coroutine
@@ -150,6 +151,34 @@ class RunContext:
     no longer (the broker's 600 s callback default is no bound for a tree)."""
     slot: "SlotLease | None" = None
     """The work slot this run holds, lent back while it waits on its children."""
+
+
+async def in_own_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn` in a thread of its own and await it. Not `asyncio.to_thread`: its executor
+    has min(32, cores + 4) threads, and a run holds its thread while it waits on children, so
+    a tree wider than that (84 runs at depth 3, fan-out 4) would wait on itself forever."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def deliver(outcome: tuple[bool, Any]) -> None:
+        if future.done():
+            return
+        ok, value = outcome
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def body() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, fn(*args))
+        except BaseException as exc:
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(deliver, outcome)
+
+    threading.Thread(target=body, daemon=True, name=getattr(fn, "__name__", "engine")).start()
+    return await future
 
 
 class SlotLease:

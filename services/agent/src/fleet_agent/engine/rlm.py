@@ -18,7 +18,7 @@ Two of dspy's in-process limits are handed to the mesh instead:
   request a real child run.
 """
 
-import asyncio
+import contextlib
 import inspect
 import logging
 import threading
@@ -42,6 +42,7 @@ from fleet_agent.engine.model import (
     RunCancelledError,
     RunContext,
     RunFenced,
+    in_own_thread,
 )
 from fleet_agent.engine.recorder import INLINE_BYTES, TOOL_CALL, RunRecorder
 from fleet_agent.interpreter import EXECUTION_INSTRUCTIONS, RemoteInterpreter
@@ -60,7 +61,6 @@ from fleet_events.run import (
     ToolCalled,
     ToolReturned,
 )
-from fleet_mesh import rpc
 
 log = logging.getLogger("fleet.agent.engine")
 
@@ -79,6 +79,9 @@ FACADE_RLM_REFUSED = (
 )
 
 STDOUT_INLINE = 8 * 1024
+
+INTERRUPT_EVERY_S = 1.0
+INTERRUPT_TRIES = 30
 
 CHILD_SETTLE_S = 90.0
 """How long a run's end waits for sub_rlm calls its interrupted cells left running (a child
@@ -167,12 +170,14 @@ class RecordingInterpreter(RemoteInterpreter):
         super().__init__(bus, sandbox, **options)
         self._hooks = hooks
         self._reply: sb.ExecuteReply | None = None
+        self._cell_done = threading.Event()
 
     def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
         recorder = self._hooks.recorder
         cell = recorder.next_cell_id()
         outer, recorder.current_cell = recorder.current_cell, cell
         self._reply = None
+        self._cell_done = threading.Event()
         if self._hooks.ctx.deadline is not None:  # host tools wait on children up to it
             self.callback_timeout_s = max(1.0, self._hooks.ctx.deadline - time.time())
         release = self._hooks.ctx.cancel.on_set(self._interrupt)
@@ -188,6 +193,7 @@ class RecordingInterpreter(RemoteInterpreter):
             error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
+            self._cell_done.set()
             release()
             recorder.current_cell = outer
             self._record_cell(cell, code, error, (time.monotonic() - started) * 1000)
@@ -224,15 +230,24 @@ class RecordingInterpreter(RemoteInterpreter):
         return super()._outcome(reply)
 
     def _interrupt(self) -> None:
-        """Stop the cell now (the cancel flag was set while it ran); the REPL survives."""
-        request = sb.InterruptCell(
-            request_id=new_id(), tenant=self.bus.tenant, sandbox=self.sandbox, context=self.context
-        )
-        call = rpc.call_verb(
-            self.bus.nc, verbs.INTERRUPT_CELL, request, target=self.sandbox, timeout=10
-        )
-        future = self.bus.submit(call)
-        future.add_done_callback(lambda done: done.exception())  # a gone sandbox: nothing to stop
+        """Stop the cell now (the cancel flag was set while it ran); the REPL survives.
+
+        Sent again every `INTERRUPT_EVERY_S` until the cell has answered: a cancel that lands
+        between the flag check and the cell's start finds nothing running the first time."""
+        done = self._cell_done
+
+        def keep_interrupting() -> None:
+            for _ in range(INTERRUPT_TRIES):
+                request = sb.InterruptCell(
+                    request_id=new_id(), tenant=self.bus.tenant, sandbox=self.sandbox,
+                    context=self.context,
+                )  # fmt: skip
+                with contextlib.suppress(Exception):  # a gone sandbox: nothing to stop
+                    self.bus.call(verbs.INTERRUPT_CELL, request, target=self.sandbox, timeout=10)
+                if done.wait(INTERRUPT_EVERY_S):
+                    return
+
+        threading.Thread(target=keep_interrupting, daemon=True, name="interrupt").start()
 
     def _on_tool(self, call: sb.ToolCall) -> sb.ToolReply:
         if call.name == CONSTRUCT_TOOL and _facade_kind(call) in REFUSED_FACADE:
@@ -330,10 +345,10 @@ async def run_rlm(
         await recorder.arecord(_started(task, ctx))
         offered = [*(tools or []), *children.tools()]
         try:
-            prediction = await asyncio.to_thread(_forward, task, ctx, hooks, offered)
+            prediction = await in_own_thread(_forward, task, ctx, hooks, offered)
         finally:
             # an interrupted cell leaves its tool call running: its child events come first
-            await asyncio.to_thread(children.idle, CHILD_SETTLE_S)
+            await in_own_thread(children.idle, CHILD_SETTLE_S)
     except RunFenced as exc:
         log.warning("run fenced: recording nothing more", extra={"run": ctx.run, "why": str(exc)})
         return RlmResult(status="failed", error=str(exc), retryable=True, fenced=True)

@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fleet_agent.engine.child_worker import ChildRunWorker
@@ -57,6 +58,8 @@ class RlmTurnRunner:
     restartable = False
 
     def __init__(self, pool: MeshPool, task: RlmTask, *, deadline_s: float = 3600.0) -> None:
+        self.ping_details: Callable[[], dict[str, Any]] = dict
+        """What this runner adds to the replica's ping (its child-run slots)."""
         self._pool = pool
         self._task = task
         self._deadline_s = deadline_s
@@ -120,20 +123,20 @@ async def engine_runner(
         await asyncio.to_thread(pool.close)
 
     ctx.on_stop.append(stop)
-    details = ctx.ping_details
 
-    def with_children() -> dict[str, Any]:
+    def details() -> dict[str, Any]:
         return {
-            **details(),
             "child_slots": consumer.slots,
             "children_running": consumer.stats.running,
             "children_peak": consumer.stats.peak,
+            "children_busy_peak": consumer.stats.busy_peak,
             "children_handled": consumer.stats.handled,
             "child_slots_lent": consumer.stats.lent,
         }
 
-    ctx.ping_details = with_children
-    return RlmTurnRunner(pool, settings.task(), deadline_s=settings.tree_deadline_s)
+    runner = RlmTurnRunner(pool, settings.task(), deadline_s=settings.tree_deadline_s)
+    runner.ping_details = details
+    return runner
 
 
 async def _mirror_cancel(token: CancelToken, ctx: RunContext) -> None:

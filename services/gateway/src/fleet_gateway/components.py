@@ -8,6 +8,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nats.errors import Error as NatsError
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 
 from fleet_events import streams
@@ -55,12 +56,17 @@ async def attach(state: "GatewayState", ctx: service.ServiceContext) -> None:
 
     async def life() -> None:
         while True:
+            if not ctx.nc.is_connected:  # asking now would only fill the reconnect buffer
+                await asyncio.sleep(RETRY_S)
+                continue
             try:
                 await _open(state, ctx)
                 break
             except (BucketNotFoundError, NotFoundError, ObjectNotFoundError) as exc:
                 ctx.log.warning("mesh not bootstrapped yet", extra={"missing": type(exc).__name__})
-                await asyncio.sleep(RETRY_S)
+            except (NatsError, TimeoutError) as exc:
+                ctx.log.warning("opening the gateway's stores", extra={"error": type(exc).__name__})
+            await asyncio.sleep(RETRY_S)
         assert state.projector is not None
         await state.projector.run()
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 
 from fleet_events import Envelope
 from fleet_events.binding import subject_tenant
@@ -122,11 +123,12 @@ class Projector:
         try:
             while not self._stopping.is_set():
                 doorbell.clear()
-                try:
-                    read = await self.catch_up()
-                except (StoreError, TimeoutError) as exc:
-                    log.warning("projector read failed", extra={"error": type(exc).__name__})
-                    read = 0
+                read = 0
+                if self._nc.is_connected:  # reading now would only fill the reconnect buffer
+                    try:
+                        read = await self.catch_up()
+                    except (StoreError, TimeoutError, NatsError) as exc:
+                        log.warning("projector read failed", extra={"error": type(exc).__name__})
                 if read == 0:
                     await _first(doorbell, self._stopping, IDLE_POLL_S)
         finally:

@@ -280,6 +280,8 @@ class Watch:
         `sent_seq`)."""
         if self._overflow.is_set():
             raise self._ended()
+        if not self._queue.empty():  # the hot path under load: no futures to make and cancel
+            return self._queue.get_nowait()
         getter = asyncio.ensure_future(self._queue.get())
         stopper = asyncio.ensure_future(self._overflow.wait())
         try:

@@ -468,3 +468,18 @@ async def test_a_tenant_at_its_concurrent_turns_gets_429_and_nothing_is_stored(
             "POST", f"/api/v1/sessions/{sessions[2]}/turns", tenant, json={"message": "q"}
         )
         assert again.status_code == 202
+
+
+async def test_created_range_edges_answer_sensibly_not_500(api: Api) -> None:
+    tenant = tenant_id()
+    session, seq = await _create(api, tenant)
+    early = await api.call(
+        "GET", "/api/v1/sessions", tenant,
+        params={"created_after": "0405-01-01T00:00:00Z", "min_seq": seq},
+    )  # fmt: skip
+    assert [s["id"] for s in early.json()["items"]] == [session]  # year 405 sorts before 2026
+    for edge in ("0001-01-01T00:00:00+05:00", "9999-12-31T23:59:59-05:00"):
+        response = await api.call("GET", "/api/v1/sessions", tenant, params={"created_after": edge})
+        assert response.status_code == 422, response.text
+        assert response.json()["details"]["field"] == "created_after"
+        assert edge in response.json()["message"]

@@ -67,7 +67,8 @@ class PendingInput(msgspec.Struct, frozen=True, kw_only=True):
 
 def stamp(ts: datetime) -> str:
     """One fixed-width UTC form, so stored times compare as strings and never vary."""
-    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    utc = ts.astimezone(UTC)
+    return f"{utc.year:04d}" + utc.strftime("-%m-%dT%H:%M:%S.%fZ")  # %Y drops zeros below 1000
 
 
 def where(subject: str) -> tuple[str, str, bool] | None:

@@ -349,8 +349,8 @@ async def list_sessions(
         before_seq=before,
         search=search,
         status=None if status == "all" else status,
-        created_after=stamp(_utc(created_after)) if created_after else None,
-        created_before=stamp(_utc(created_before)) if created_before else None,
+        created_after=_bound("created_after", created_after),
+        created_before=_bound("created_before", created_before),
     )
     more = len(rows) > limit
     rows = rows[:limit]
@@ -361,8 +361,21 @@ async def list_sessions(
     )
 
 
-def _utc(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+def _bound(field: str, value: datetime | None) -> str | None:
+    """A creation-time bound in the stored form (UTC); naive times are taken as UTC."""
+    if value is None:
+        return None
+    aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    try:
+        return stamp(aware)
+    except OverflowError:  # an offset that moves it past year 1 or 9999 in UTC
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"query field {field!r}: {value.isoformat()} is outside years 1-9999 in UTC; "
+            "send a time between them",
+            details={"field": field},
+        ) from None
 
 
 @router.get("/{session_id}", response_model=SessionOut)

@@ -93,12 +93,12 @@ async def test_a_socket_that_falls_behind_closes_with_its_last_sequence_and_resu
                 tenant, EVENTS, session_id=session, after_seq=last, trace_mode="verbose"
             )
             missing = len(stored) - len(seqs(got)) - len(seqs(rest))
-            more, code = await read_or_closed(ws, lambda f, n=missing: len(seqs(f)) >= n)
+            more, closed_with = await read_or_closed(ws, lambda f, n=missing: len(seqs(f)) >= n)
             rest += more
-            if code is None:
+            if closed_with is None:
                 await ws.close()
             else:
-                assert code == 4008
+                assert closed_with == 4008
                 closes += 1
                 assert closes < 500
             last = (seqs(rest) or seqs(got))[-1]

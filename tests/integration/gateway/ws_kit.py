@@ -177,7 +177,7 @@ class StalledClient:
                 self.proto.receive_data(data)
                 for event in self.proto.events_received():
                     if isinstance(event, Frame) and event.opcode is Opcode.TEXT:
-                        frames.append(json.loads(event.data))
+                        frames.append(json.loads(bytes(event.data)))
 
         await asyncio.wait_for(read(), timeout)
         self.writer.close()

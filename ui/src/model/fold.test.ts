@@ -1,0 +1,218 @@
+import { describe, expect, it } from "vitest";
+import { Log, recursiveTurn } from "./fixtures";
+import { fold, foldDelta, viewAt } from "./fold";
+import { buildTree, treeKey, visibleRows } from "./tree";
+import { emptyView } from "./view";
+
+function deepFreeze<T>(value: T): T {
+  if (value && typeof value === "object" && !Object.isFrozen(value)) {
+    Object.freeze(value);
+    for (const child of Object.values(value)) deepFreeze(child);
+  }
+  return value;
+}
+
+describe("fold", () => {
+  it("folds a recursive turn into transcript, runs, cells, LLM calls and budget", () => {
+    const view = fold(emptyView(), recursiveTurn().frames);
+    expect(view.session).toEqual({ id: "s1", title: "demo", deleted: false });
+    expect(view.turns).toHaveLength(1);
+    expect(view.turns[0]).toMatchObject({
+      id: "t1",
+      message: "sum the primes below 20",
+      mode: "rlm_only",
+      status: "completed",
+      answer: "77",
+      rootRun: "r1",
+    });
+    expect(view.runOrder).toEqual(["r1", "r2"]);
+    const root = view.runs.r1;
+    expect(root?.children).toEqual(["r2"]);
+    expect(root?.status).toBe("completed");
+    expect(root?.llmCalls).toEqual([]); // c1 moved under the iteration it planned
+    expect(root?.iterations.map((it) => [it.index, it.llmCalls, it.cells])).toEqual([
+      [0, ["c1"], ["k1"]],
+      [1, [], ["k3"]],
+    ]);
+    expect(view.runs.r2).toMatchObject({
+      parent: "r1",
+      depth: 1,
+      answer: "[2, 3, 5, 7, 11, 13, 17, 19]",
+    });
+    expect(view.cells.k1?.stdout).toBe("77\n");
+    expect(view.cells.k3?.error).toContain("ZeroDivisionError");
+    expect(view.cells.k2?.final).toEqual([2, 3, 5, 7, 11, 13, 17, 19]);
+    expect(view.llmOrder).toEqual(["c1", "c2"]);
+    expect(view.llmCalls.c2).toMatchObject({
+      model: "scripted/main",
+      promptTokens: 50,
+      latencyMs: 30,
+    });
+    expect(view.budgets.tree1).toMatchObject({ maxLlmCalls: 10, callsUsed: 2, tokensUsed: 180 });
+    expect(view.budgets.tree1?.costUsed).toBeCloseTo(0.015);
+    expect(view.seq).toBe(17);
+    expect(view.events).toBe(17);
+  });
+
+  it("ignores frames it has folded already, so a resume that overlaps adds nothing", () => {
+    const frames = recursiveTurn().frames;
+    const once = fold(emptyView(), frames);
+    const first = fold(emptyView(), frames.slice(0, 10));
+    const resumed = fold(first, frames.slice(6)); // the reconnect re-sent 7..10
+    expect(resumed).toEqual(once);
+    expect(fold(once, frames)).toBe(once);
+    expect(resumed.cellOrder).toEqual(["k2", "k1", "k3"]);
+  });
+
+  it("never changes the view it is given and shares what a batch did not touch", () => {
+    const frames = recursiveTurn().frames;
+    const before = deepFreeze(fold(emptyView(), frames.slice(0, 12)));
+    const snapshot = JSON.stringify(before);
+    const after = fold(before, frames.slice(12));
+    expect(JSON.stringify(before)).toBe(snapshot);
+    expect(after).not.toBe(before);
+    expect(after.runs.r2).toBe(before.runs.r2); // r2 finished at seq 12: untouched since
+    expect(after.runs.r1).not.toBe(before.runs.r1);
+    expect(after.cells.k2).toBe(before.cells.k2);
+  });
+
+  it("time travel at every sequence equals the live view at that moment", () => {
+    const frames = recursiveTurn().frames;
+    let live = emptyView();
+    for (const frame of frames) {
+      live = fold(live, [frame]);
+      expect(viewAt(frames, frame.seq)).toEqual(live);
+    }
+    expect(viewAt(frames, 0)).toEqual(emptyView());
+    expect(viewAt(frames, 5).turns[0]?.status).toBe("running");
+    expect(viewAt(frames, 5).cellOrder).toEqual([]);
+    expect(viewAt(frames, 1e9)).toEqual(live);
+  });
+
+  it("previews streamed deltas until the stored event replaces them", () => {
+    const log = recursiveTurn();
+    const frames = log.frames;
+    let view = fold(emptyView(), frames.slice(0, 13));
+    view = foldDelta(view, { type: "delta", kind: "cell_output", run: "r1", text: "7" });
+    view = foldDelta(view, { type: "delta", kind: "cell_output", run: "r1", text: "7\n" });
+    expect(view.runs.r1?.liveStdout).toBe("77\n");
+    view = foldDelta(view, { type: "delta", kind: "token", run: "r1", text: "7" });
+    view = foldDelta(view, { type: "delta", kind: "token", run: "r1", text: "7" });
+    expect(view.turns[0]?.streaming).toBe("77");
+    expect(view.seq).toBe(13); // deltas carry no sequence
+    view = fold(view, frames.slice(13, 14));
+    expect(view.runs.r1?.liveStdout).toBe("");
+    view = fold(view, frames.slice(14));
+    expect(view.turns[0]?.streaming).toBe("");
+    expect(view.turns[0]?.answer).toBe("77");
+    expect(foldDelta(view, { type: "delta", kind: "cell_output", run: "nope", text: "x" })).toBe(
+      view,
+    );
+  });
+
+  it("shows refusals, failures, cancels and the pending question", () => {
+    const log = new Log();
+    log.add({ type: "session.created" });
+    log.add({ type: "turn.requested", message: "hi" }, { turn: "a" });
+    log.add(
+      { type: "turn.refused", reason: "busy", message: "turn b is running", active_turn: "b" },
+      { turn: "a" },
+    );
+    log.add({ type: "turn.requested", message: "go" }, { turn: "b" });
+    log.add(
+      {
+        type: "input.requested",
+        request_id: "q1",
+        question: "which file?",
+        options: ["a.py", "b.py"],
+      },
+      { turn: "b" },
+    );
+    let view = fold(emptyView(), log.frames);
+    expect(view.turns[0]).toMatchObject({ status: "refused", error: "busy: turn b is running" });
+    expect(view.pendingInput).toEqual({
+      requestId: "q1",
+      turn: "b",
+      question: "which file?",
+      options: ["a.py", "b.py"],
+    });
+    log.add({ type: "input.provided", request_id: "other", answer: "x" }, { turn: "b" });
+    view = fold(view, log.frames);
+    expect(view.pendingInput?.requestId).toBe("q1");
+    log.add({ type: "input.provided", request_id: "q1", answer: "a.py" }, { turn: "b" });
+    log.add({ type: "turn.cancelled", reason: "user", partial: "half" }, { turn: "b" });
+    log.add({ type: "turn.requested", message: "again" }, { turn: "c" });
+    log.add({ type: "turn.failed", error: "model unreachable", code: "lm_down" }, { turn: "c" });
+    view = fold(view, log.frames);
+    expect(view.pendingInput).toBeNull();
+    expect(view.turns.map((t) => [t.id, t.status, t.answer, t.error])).toEqual([
+      ["a", "refused", "", "busy: turn b is running"],
+      ["b", "cancelled", "half", "cancelled: user"],
+      ["c", "failed", "", "lm_down: model unreachable"],
+    ]);
+  });
+
+  it("takes the tree's limits from budget.tree_opened when the feed carries it", () => {
+    const log = recursiveTurn();
+    log.add({
+      type: "budget.tree_opened",
+      tree: "tree1",
+      tenant: "t1",
+      max_llm_calls: 30,
+      max_depth: 3,
+    });
+    const view = fold(emptyView(), log.frames);
+    expect(view.budgets.tree1).toMatchObject({ maxLlmCalls: 30, maxDepth: 3, callsUsed: 2 });
+  });
+});
+
+describe("trace tree", () => {
+  it("nests turn → runs → iterations → calls and cells → child runs", () => {
+    const view = fold(emptyView(), recursiveTurn().frames);
+    const [turn] = buildTree(view);
+    expect(turn?.id).toBe("turn:t1");
+    const root = turn?.children[0];
+    expect(root?.id).toBe("run:r1");
+    expect(root?.children.map((c) => c.id)).toEqual(["iter:r1:0", "iter:r1:1", "run:r2"]);
+    expect(root?.children[0]?.children.map((c) => c.id)).toEqual(["llm:c1", "cell:k1"]);
+    expect(root?.children[1]?.children[0]).toMatchObject({ id: "cell:k3", status: "failed" });
+    expect(root?.children[2]?.children[0]?.children.map((c) => c.id)).toEqual([
+      "llm:c2",
+      "cell:k2",
+    ]);
+  });
+
+  it("walks by keyboard and folds collapsed branches out of the walk", () => {
+    const roots = buildTree(fold(emptyView(), recursiveTurn().frames));
+    const all = visibleRows(roots, new Set());
+    expect(all.map((r) => r.node.id)).toEqual([
+      "turn:t1",
+      "run:r1",
+      "iter:r1:0",
+      "llm:c1",
+      "cell:k1",
+      "iter:r1:1",
+      "cell:k3",
+      "run:r2",
+      "iter:r2:0",
+      "llm:c2",
+      "cell:k2",
+    ]);
+    expect(treeKey(all, "run:r1", "ArrowDown").focus).toBe("iter:r1:0");
+    expect(treeKey(all, "iter:r1:0", "ArrowLeft")).toEqual({
+      focus: "iter:r1:0",
+      toggle: "iter:r1:0",
+    });
+    expect(treeKey(all, "llm:c1", "ArrowLeft").focus).toBe("iter:r1:0");
+    expect(treeKey(all, "cell:k2", "End").focus).toBe("cell:k2");
+    const folded = visibleRows(roots, new Set(["run:r1"]));
+    expect(folded.map((r) => r.node.id)).toEqual(["turn:t1", "run:r1"]);
+    expect(treeKey(folded, "run:r1", "ArrowRight")).toEqual({ focus: "run:r1", toggle: "run:r1" });
+  });
+
+  it("shows a run whose parent never appeared instead of hiding it", () => {
+    const log = new Log();
+    log.add({ type: "run.started", kind: "rlm", tree: "x" }, { run: "lost", parent_run: "gone" });
+    expect(buildTree(fold(emptyView(), log.frames)).map((n) => n.id)).toEqual(["run:lost"]);
+  });
+});

@@ -1,0 +1,138 @@
+// The recursive trace tree: turn → runs → iterations → cells / LLM calls → child runs. Built
+// from the view model alone, so the live tree and the time-travel tree are the same code.
+import type { ViewModel } from "./view";
+
+export type TreeKind = "turn" | "run" | "iteration" | "cell" | "llm";
+
+export interface TreeNode {
+  id: string;
+  kind: TreeKind;
+  label: string;
+  status: string;
+  children: TreeNode[];
+}
+
+function runNode(view: ViewModel, runId: string, seen: Set<string>): TreeNode | null {
+  const run = view.runs[runId];
+  // A run reached twice would be a cycle in a corrupted log: show it once, never recurse.
+  if (!run || seen.has(runId)) return null;
+  seen.add(runId);
+  const cell = (key: string): TreeNode => {
+    const c = view.cells[key];
+    return {
+      id: `cell:${key}`,
+      kind: "cell",
+      label: c ? (c.code.split("\n")[0] ?? "").slice(0, 60) || "(empty cell)" : key,
+      status: c?.error ? "failed" : "completed",
+      children: [],
+    };
+  };
+  const llm = (key: string): TreeNode => {
+    const c = view.llmCalls[key];
+    return {
+      id: `llm:${key}`,
+      kind: "llm",
+      label: c ? `${c.role} · ${c.model} · ${c.promptTokens + c.completionTokens} tok` : key,
+      status: c?.error ? "failed" : "completed",
+      children: [],
+    };
+  };
+  const kids = run.children
+    .map((child) => runNode(view, child, seen))
+    .filter((n): n is TreeNode => n !== null);
+  const iterations: TreeNode[] = run.iterations.map((it) => ({
+    id: `iter:${run.id}:${it.index}`,
+    kind: "iteration",
+    label: `iteration ${it.index}${it.tool ? ` · ${it.tool}` : ""}`,
+    status: "completed",
+    children: [...it.llmCalls.map(llm), ...it.cells.map(cell)],
+  }));
+  return {
+    id: `run:${run.id}`,
+    kind: "run",
+    label: `${run.kind}${run.depth ? ` (depth ${run.depth})` : ""}${run.task ? ` · ${run.task.slice(0, 50)}` : ""}`,
+    status: run.status,
+    children: [...run.llmCalls.map(llm), ...iterations, ...run.cells.map(cell), ...kids],
+  };
+}
+
+export function buildTree(view: ViewModel): TreeNode[] {
+  const seen = new Set<string>();
+  const roots: TreeNode[] = view.turns.map((turn) => {
+    const runs = view.runOrder.filter((id) => {
+      const run = view.runs[id];
+      return run?.turn === turn.id && (!run.parent || !view.runs[run.parent]);
+    });
+    return {
+      id: `turn:${turn.id}`,
+      kind: "turn" as const,
+      label: turn.message.slice(0, 60) || turn.id,
+      status: turn.status,
+      children: runs.map((id) => runNode(view, id, seen)).filter((n): n is TreeNode => n !== null),
+    };
+  });
+  // Runs whose turn the log never named still appear, so nothing recorded is hidden.
+  const orphans = view.runOrder
+    .filter((id) => !seen.has(id) && !view.runs[view.runs[id]?.parent ?? ""])
+    .map((id) => runNode(view, id, seen))
+    .filter((n): n is TreeNode => n !== null);
+  return [...roots, ...orphans];
+}
+
+export interface VisibleRow {
+  node: TreeNode;
+  depth: number;
+  parent: string | null;
+  expanded: boolean;
+}
+
+/** The rows a reader sees with `collapsed` folded away: the order the keyboard walks. */
+export function visibleRows(roots: TreeNode[], collapsed: ReadonlySet<string>): VisibleRow[] {
+  const rows: VisibleRow[] = [];
+  const walk = (node: TreeNode, depth: number, parent: string | null) => {
+    const expanded = !collapsed.has(node.id);
+    rows.push({ node, depth, parent, expanded });
+    if (expanded) for (const child of node.children) walk(child, depth + 1, node.id);
+  };
+  for (const root of roots) walk(root, 0, null);
+  return rows;
+}
+
+/** Tree keyboard semantics (WAI-ARIA tree view): where focus goes, or what to toggle. */
+export function treeKey(
+  rows: VisibleRow[],
+  focused: string | null,
+  key: string,
+): { focus: string | null; toggle?: string } {
+  const at = Math.max(
+    0,
+    rows.findIndex((r) => r.node.id === focused),
+  );
+  const row = rows[at];
+  if (!row) return { focus: null };
+  switch (key) {
+    case "ArrowDown":
+      return { focus: rows[Math.min(rows.length - 1, at + 1)]?.node.id ?? row.node.id };
+    case "ArrowUp":
+      return { focus: rows[Math.max(0, at - 1)]?.node.id ?? row.node.id };
+    case "Home":
+      return { focus: rows[0]?.node.id ?? null };
+    case "End":
+      return { focus: rows.at(-1)?.node.id ?? null };
+    case "ArrowRight":
+      if (row.node.children.length === 0) return { focus: row.node.id };
+      if (!row.expanded) return { focus: row.node.id, toggle: row.node.id };
+      return { focus: row.node.children[0]?.id ?? row.node.id };
+    case "ArrowLeft":
+      if (row.node.children.length > 0 && row.expanded)
+        return { focus: row.node.id, toggle: row.node.id };
+      return { focus: row.parent ?? row.node.id };
+    case "Enter":
+    case " ":
+      return row.node.children.length > 0
+        ? { focus: row.node.id, toggle: row.node.id }
+        : { focus: row.node.id };
+    default:
+      return { focus: row.node.id };
+  }
+}

@@ -1,0 +1,148 @@
+// One pure fold from the session's event frames to what the screens show. The live view folds
+// every frame as it arrives; the time-travel view folds the same frames up to a chosen
+// sequence. Both call `fold`, so what the slider shows is what the live screen showed then.
+export type TurnStatus =
+  | "requested"
+  | "running"
+  | "parked"
+  | "completed"
+  | "failed"
+  | "cancelled"
+  | "refused";
+
+export interface Turn {
+  id: string;
+  message: string;
+  mode: string;
+  status: TurnStatus;
+  answer: string;
+  /** Streamed answer text not yet superseded by `turn.completed` (never part of time travel). */
+  streaming: string;
+  error: string;
+  seq: number;
+  rootRun: string | null;
+}
+
+export type RunStatus = "running" | "completed" | "failed" | "cancelled";
+
+export interface Cell {
+  key: string;
+  run: string;
+  iteration: number | null;
+  code: string;
+  stdout: string;
+  error: string;
+  durationMs: number;
+  final: unknown;
+  seq: number;
+}
+
+export interface LlmCall {
+  key: string;
+  run: string;
+  role: string;
+  model: string;
+  promptTokens: number;
+  completionTokens: number;
+  cost: number;
+  latencyMs: number;
+  error: string;
+  cached: boolean;
+  seq: number;
+}
+
+export interface ToolCall {
+  callId: string;
+  run: string;
+  tool: string;
+  args: unknown;
+  result: unknown;
+  error: string;
+  done: boolean;
+  seq: number;
+}
+
+export interface Iteration {
+  index: number;
+  reasoning: string;
+  code: string;
+  tool: string;
+  cells: string[];
+  llmCalls: string[];
+}
+
+export interface RunNode {
+  id: string;
+  parent: string | null;
+  turn: string | null;
+  tree: string;
+  kind: string;
+  depth: number;
+  task: string;
+  status: RunStatus;
+  answer: string;
+  error: string;
+  iterations: Iteration[];
+  /** Cells and LLM calls that name no iteration hang off the run itself. */
+  cells: string[];
+  llmCalls: string[];
+  children: string[];
+  maxLlmCalls: number;
+  liveStdout: string;
+  seq: number;
+}
+
+export interface Budget {
+  tree: string;
+  maxLlmCalls: number;
+  maxDepth: number;
+  maxTokens: number | null;
+  maxCost: number | null;
+  callsUsed: number;
+  tokensUsed: number;
+  costUsed: number;
+}
+
+export interface PendingInput {
+  requestId: string;
+  turn: string | null;
+  question: string;
+  options: string[];
+}
+
+export interface ViewModel {
+  /** The last sequence folded: a frame at or below it is a duplicate and changes nothing. */
+  seq: number;
+  events: number;
+  session: { id: string | null; title: string; deleted: boolean };
+  turns: Turn[];
+  runs: Record<string, RunNode>;
+  runOrder: string[];
+  cells: Record<string, Cell>;
+  cellOrder: string[];
+  llmCalls: Record<string, LlmCall>;
+  llmOrder: string[];
+  tools: Record<string, ToolCall>;
+  budgets: Record<string, Budget>;
+  pendingInput: PendingInput | null;
+  notices: { seq: number; kind: string; text: string }[];
+}
+
+export function emptyView(): ViewModel {
+  return {
+    seq: 0,
+    events: 0,
+    session: { id: null, title: "", deleted: false },
+    turns: [],
+    runs: {},
+    runOrder: [],
+    cells: {},
+    cellOrder: [],
+    llmCalls: {},
+    llmOrder: [],
+    tools: {},
+    budgets: {},
+    pendingInput: null,
+    notices: [],
+  };
+}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from fleet_events.binding import binding_problem
+from fleet_events.signing import CheckpointIndex, KeySet
 
 GENESIS = "0" * 64
 
@@ -56,10 +57,15 @@ class ChainVerifier:
     """Feed stored events in stream order; the first fault is kept and reported.
 
     Starting mid-log (`trust_first=True`), a subject's first `prev` is taken on trust;
-    from the beginning, every chain must start at GENESIS.
+    from the beginning, every chain must start at GENESIS. With pinned `keys`, every event's
+    signature is checked too (`KeySet.append_problem`); with `checkpoints`, every event the
+    checkpointer pinned must be there with the pinned hash (`finish` reports the ones missing).
     """
 
     trust_first: bool = False
+    keys: KeySet | None = None
+    checkpoints: CheckpointIndex | None = None
+    seen: dict[str, set[int]] = field(default_factory=dict)
     heads: dict[str, str] = field(default_factory=dict)
     checked: int = 0
     last_seq: int = 0
@@ -73,6 +79,8 @@ class ChainVerifier:
         prev: str | None,
         claimed: str | None,
         payload: bytes | memoryview,
+        key_id: str | None = None,
+        sig: str | None = None,
     ) -> ChainFault | None:
         if self.fault is not None:
             return self.fault
@@ -80,6 +88,13 @@ class ChainVerifier:
         if expected_prev is None and not self.trust_first:
             expected_prev = GENESIS
         problem = self._problem(subject, seq, event_id, prev, claimed, expected_prev, payload)
+        if problem is None and self.keys is not None:
+            assert claimed is not None
+            problem = self.keys.append_problem(subject, claimed, key_id, sig)
+        if problem is None and self.checkpoints is not None:
+            assert claimed is not None
+            problem = self.checkpoints.event_problem(subject, seq, claimed)
+            self.seen.setdefault(subject, set()).add(seq)
         self.checked += 1
         if problem is not None:
             self.fault = ChainFault(subject, seq, event_id, problem)
@@ -88,6 +103,18 @@ class ChainVerifier:
         self.heads[subject] = claimed
         self.last_seq = seq
         return None
+
+    def finish(self, *, all_pinned: bool = False) -> ChainFault | None:
+        """After the last event: a checkpointed event that is no longer there (a
+        purge-and-rewrite keeps the chain whole, but not the pinned sequences), on the subjects
+        seen or, with `all_pinned` (the index was cut to the filter read), on every subject."""
+        if self.fault is None and self.checkpoints is not None:
+            subjects = self.checkpoints.pinned.keys() if all_pinned else self.seen.keys()
+            gone = self.checkpoints.missing(self.seen, subjects)
+            if gone is not None:
+                subject, seq, problem = gone
+                self.fault = ChainFault(subject, seq, "?", problem)
+        return self.fault
 
     def _problem(
         self,

@@ -17,6 +17,7 @@ from nats.js import JetStreamContext
 
 from fleet_events import streams
 from fleet_events.codec import Codec
+from fleet_events.signing import Signer, signer_from_env
 from fleet_events.streams import StreamSpec
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.store.append import MAX_BATCH, Appender
@@ -79,9 +80,13 @@ async def open_store(
     *,
     inline_limit: int | None = None,
     timeout: float = 5.0,
+    signer: Signer | None = None,
 ) -> EventStore:
-    """The store as services use it: blobs offloaded to the object store, snapshots in KV."""
+    """The store as services use it: blobs offloaded to the object store, snapshots in KV, and
+    appends signed with the process's key (`signer`, else the file `FLEET_SIGNING_KEY` names;
+    neither: unsigned), so every service signs with no change of its own."""
     blobs = await JetStreamBlobs.open(js)
     codec = Codec(blobs) if inline_limit is None else Codec(blobs, inline_limit=inline_limit)
     snapshots = await js.key_value(streams.SNAPSHOTS.bucket)
-    return EventStore(js, stream, codec, snapshots=snapshots, timeout=timeout)
+    signer = signer if signer is not None else signer_from_env()
+    return EventStore(js, stream, codec, snapshots=snapshots, timeout=timeout, signer=signer)

@@ -25,6 +25,7 @@ from fleet_mesh.store.headers import (
     batch_messages,
     committed,
     duplicate_at,
+    signed,
 )
 from fleet_mesh.store.model import Appended, Head
 from fleet_mesh.store.reads import Reader, headers_of
@@ -57,6 +58,7 @@ class Appender(Reader):
             expect = await self.head(subject)
         payload = await self._codec.encode(envelope)
         headers = append_headers(envelope.id, expect, payload, type_of(envelope.data))
+        headers = signed(subject, headers, self._signer)
         for attempt in range(APPEND_TRIES):
             try:
                 ack = await self._js.publish(
@@ -97,7 +99,10 @@ class Appender(Reader):
         if expect is None:
             expect = await self.head(subject)
         encoded = [(e.id, await self._codec.encode(e), type_of(e.data)) for e in envelopes]
-        messages = batch_messages(expect, encoded)
+        messages = [
+            (payload, signed(subject, headers, self._signer))
+            for payload, headers in batch_messages(expect, encoded)
+        ]
         for payload, headers in messages[:-1]:
             await self._nc.publish(subject, payload, headers=headers)
         payload, headers = messages[-1]

@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from fleet_events.chain import HASH_HEADER, PREV_HEADER, TYPE_HEADER, link
+from fleet_events.signing import KEY_HEADER, SIG_HEADER, Signer
 from fleet_mesh.store.errors import DuplicateElsewhere, StoreError
 from fleet_mesh.store.model import Appended, Head, RawEvent
 
@@ -27,6 +28,14 @@ def append_headers(event_id: str, expect: Head, payload: bytes, event_type: str)
         HASH_HEADER: link(expect.hash, payload),
         TYPE_HEADER: event_type,
     }
+
+
+def signed(subject: str, headers: dict[str, str], signer: Signer | None) -> dict[str, str]:
+    """The headers with the appender's signature over the chain hash they carry."""
+    if signer is not None:
+        headers[KEY_HEADER] = signer.key_id
+        headers[SIG_HEADER] = signer.sign_append(subject, headers[HASH_HEADER])
+    return headers
 
 
 def batch_messages(

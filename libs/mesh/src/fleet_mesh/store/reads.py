@@ -19,6 +19,7 @@ from nats.js.kv import KeyValue
 from fleet_events.binding import subject_tenant
 from fleet_events.chain import HASH_HEADER, PREV_HEADER
 from fleet_events.codec import Codec
+from fleet_events.signing import Signer
 from fleet_events.streams import StreamSpec
 from fleet_mesh.store.errors import StoreUnavailable
 from fleet_mesh.store.headers import direct_more, direct_raw, head_of
@@ -42,8 +43,10 @@ class Reader:
         nc: Client | None = None,
         snapshots: KeyValue | None = None,
         timeout: float = 5.0,
+        signer: Signer | None = None,
     ) -> None:
         self._js = js
+        self._signer = signer  # appends are signed with it (None: unsigned)
         self._nc: Client = nc if nc is not None else js._nc
         self._stream = stream.name
         self._codec = codec

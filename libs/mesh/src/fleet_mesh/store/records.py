@@ -7,12 +7,22 @@ verbatim stored bytes, so it verifies with no server and no decoding of event ty
 
 import base64
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
 
 from fleet_events.chain import HASH_HEADER, PREV_HEADER, ChainFault, ChainVerifier
+from fleet_events.signing import (
+    KEY_HEADER,
+    KEYSET_KIND,
+    SIG_HEADER,
+    Checkpoint,
+    CheckpointIndex,
+    KeySet,
+    SigningError,
+    checkpoint_chain_problem,
+)
 from fleet_mesh.store.headers import MSG_ID
 from fleet_mesh.store.model import Head, Loaded, RawEvent, Verification
 
@@ -55,31 +65,77 @@ def loaded_from(snap: Snapshot, state: Any) -> Loaded[Any]:
 
 
 def export_line(raw: RawEvent) -> bytes:
-    return json.dumps(
-        {
-            "subject": raw.subject,
-            "seq": raw.seq,
-            "id": raw.headers.get(MSG_ID),
-            "prev": raw.headers.get(PREV_HEADER),
-            "hash": raw.headers.get(HASH_HEADER),
-            "payload": base64.b64encode(raw.data).decode(),
-        },
-        separators=(",", ":"),
-    ).encode()
+    row = {
+        "subject": raw.subject,
+        "seq": raw.seq,
+        "id": raw.headers.get(MSG_ID),
+        "prev": raw.headers.get(PREV_HEADER),
+        "hash": raw.headers.get(HASH_HEADER),
+        "payload": base64.b64encode(raw.data).decode(),
+    }
+    if KEY_HEADER in raw.headers or SIG_HEADER in raw.headers:  # unsigned lines keep their shape
+        row["key"] = raw.headers.get(KEY_HEADER)
+        row["sig"] = raw.headers.get(SIG_HEADER)
+    return json.dumps(row, separators=(",", ":")).encode()
 
 
-def verify_export(lines: Iterable[bytes]) -> Verification:
-    """Verify an export on its own, with no server: the same chain rule over the same bytes."""
-    verifier = ChainVerifier()
+def keyset_line(keys: KeySet) -> bytes:
+    """The export's first line: the public keys its events claim, with their owners. Shown to
+    the auditor, never trusted by the verifier, which checks against the keys it pins."""
+    return json.dumps(keys.to_json(), separators=(",", ":")).encode()
+
+
+def exported_keys(lines: Iterable[bytes]) -> KeySet | None:
+    """The key set an export says it was signed with (to show, or to pin once after comparing
+    it with the deployment's), or None."""
+    for line in lines:
+        row = json.loads(line)
+        if isinstance(row, dict) and row.get("kind") == KEYSET_KIND:
+            return KeySet.from_json(row)
+    return None
+
+
+def verify_export(
+    lines: Iterable[bytes],
+    *,
+    keys: KeySet | None = None,
+    checkpoints: Sequence[Checkpoint] = (),
+    within: str | None = None,
+) -> Verification:
+    """Verify an export on its own, with no server: the same chain rule over the same bytes,
+    and, with pinned `keys`, every signature; with `checkpoints` (signed by a pinned
+    checkpoint key), every pinned head: with `within` (the filter the export was cut with),
+    a pinned subject missing from the export is a fault too. Without `keys` only the chain is
+    checked, which anyone able to write the file can recompute: an auditor pins keys."""
+    fault = _checkpoint_fault(checkpoints, keys)
+    if fault is not None:
+        return Verification(0, fault)
+    pinned = CheckpointIndex.of(checkpoints, within) if checkpoints else None
+    verifier = ChainVerifier(keys=keys, checkpoints=pinned)
     for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
+            if row.get("kind") == KEYSET_KIND:
+                continue
             payload = base64.b64decode(row["payload"], validate=True)
             subject, seq, event_id = str(row["subject"]), int(row["seq"]), str(row["id"])
             prev, claimed = row.get("prev"), row.get("hash")
-        except (ValueError, KeyError, TypeError) as exc:
+            key_id, sig = row.get("key"), row.get("sig")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             fault = ChainFault("?", -1, "?", f"export line {number} is unreadable: {exc!r}")
             return Verification(verifier.checked, fault)
-        if verifier.feed(subject, seq, event_id, prev, claimed, payload):
+        if verifier.feed(subject, seq, event_id, prev, claimed, payload, key_id, sig):
             break
-    return Verification(verifier.checked, verifier.fault)
+    return Verification(verifier.checked, verifier.finish(all_pinned=within is not None))
+
+
+def _checkpoint_fault(checkpoints: Sequence[Checkpoint], keys: KeySet | None) -> ChainFault | None:
+    if not checkpoints:
+        return None
+    if keys is None:
+        return ChainFault("?", -1, "?", "checkpoints given without pinned keys to check them")
+    try:
+        problem = checkpoint_chain_problem(checkpoints, keys)
+    except SigningError as exc:
+        problem = str(exc)
+    return None if problem is None else ChainFault("?", -1, "?", f"checkpoints: {problem}")

@@ -1,0 +1,187 @@
+"""The checkpointer: signed checkpoints of a stream's chain heads, by a key no service holds.
+
+It reads the stream from where its last checkpoint stopped, checks every new event (chain and
+signature, against the pinned key set) and, each period, appends one `Checkpoint` naming the
+heads that moved, chained to the one before and signed with the checkpoint key, to a file
+under the data dir that only this process writes. A rewrite before a checkpoint (a purge and
+a re-signed chain, by a holder of a service key) no longer holds the pinned sequences and
+hashes, so the verifier names it. An admin purge goes through `purge`: a receipt in a signed
+checkpoint first, then the purge, so the removed events stay accounted for.
+
+Run as its own process (`python -m fleet_mesh.checkpoints`), the only one given the key.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from nats.js import JetStreamContext
+
+from fleet_events import streams, utc_now
+from fleet_events.chain import HASH_HEADER, PREV_HEADER, ChainVerifier
+from fleet_events.signing import (
+    CHECKPOINT,
+    GENESIS_CHECKPOINT,
+    KEY_HEADER,
+    SIG_HEADER,
+    Checkpoint,
+    KeySet,
+    Signer,
+    SigningError,
+    checkpoint_chain_problem,
+)
+from fleet_events.streams import StreamSpec
+from fleet_mesh.store import EventStore
+from fleet_mesh.store.headers import MSG_ID
+
+log = logging.getLogger("fleet.checkpoints")
+
+CHECKPOINT_KEY_ENV = "FLEET_CHECKPOINT_KEY"
+KEYSET_ENV = "FLEET_KEYSET"
+CHECKPOINT_DIR_ENV = "FLEET_CHECKPOINT_DIR"
+INTERVAL_ENV = "FLEET_CHECKPOINT_INTERVAL_S"
+
+
+def checkpoint_file(directory: Path, stream: str) -> Path:
+    return directory / f"{stream}.checkpoints.jsonl"
+
+
+def read_checkpoints(path: Path) -> list[Checkpoint]:
+    if not path.exists():
+        return []
+    return [Checkpoint.parse(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        store: EventStore,
+        stream: StreamSpec,
+        signer: Signer,
+        keys: KeySet,
+        path: Path,
+        *,
+        js: JetStreamContext,
+    ) -> None:
+        if signer.role != CHECKPOINT or signer.key_id not in keys.keys:
+            raise SigningError(
+                f"the checkpointer needs a checkpoint key in the pinned key set; "
+                f"{signer.owner}'s key {signer.key_id} is a {signer.role} key"
+                + ("" if signer.key_id in keys.keys else " not in the key set")
+            )
+        self._store, self._stream, self._signer, self._keys = store, stream.name, signer, keys
+        self._path, self._js = path, js
+        self._filter = stream.subjects[0] if len(stream.subjects) == 1 else ">"
+        written = read_checkpoints(path)
+        problem = checkpoint_chain_problem(written, keys)
+        if problem is not None:  # never extend a chain it cannot vouch for
+            raise SigningError(f"{path}: {problem}; move the file aside and start a new chain")
+        self._number = written[-1].number if written else 0
+        self._prev = written[-1].digest() if written else GENESIS_CHECKPOINT
+        self._upto = written[-1].upto if written else 0
+        self._heads: dict[str, str] = {}
+        for cp in written:
+            for subject in cp.purged:
+                self._heads.pop(subject, None)
+            self._heads.update({s: h for s, (_, h) in cp.heads.items()})
+        self._refused: set[str] = set()
+
+    @property
+    def number(self) -> int:
+        return self._number
+
+    def _write(
+        self, heads: dict[str, tuple[int, str]], purged: dict[str, tuple[int, str]]
+    ) -> Checkpoint:
+        cp = Checkpoint(
+            self._number + 1, self._prev, self._stream, utc_now().isoformat(), self._upto,
+            heads, purged,
+        ).signed(self._signer)  # fmt: skip
+        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, cp.line() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._number, self._prev = cp.number, cp.digest()
+        return cp
+
+    async def checkpoint(self) -> Checkpoint | None:
+        """Read what landed since the last checkpoint; sign the heads that moved (None: none
+        did). An event that fails its chain or signature is logged and never checkpointed, and
+        its subject is left out from then on: the checkpointer vouches only for what verifies."""
+        verifier = ChainVerifier(trust_first=False, keys=self._keys, heads=dict(self._heads))
+        verifier.last_seq = self._upto
+        moved: dict[str, tuple[int, str]] = {}
+        async for raw in self._store.read_raw(self._filter, from_seq=self._upto + 1):
+            self._upto = raw.seq
+            if raw.subject in self._refused:
+                continue
+            fault = verifier.feed(
+                raw.subject, raw.seq, raw.headers.get(MSG_ID, "?"),
+                raw.headers.get(PREV_HEADER), raw.headers.get(HASH_HEADER), raw.data,
+                raw.headers.get(KEY_HEADER), raw.headers.get(SIG_HEADER),
+            )  # fmt: skip
+            if fault is not None:
+                log.error("not checkpointing %s: %s", raw.subject, fault)
+                self._refused.add(raw.subject)
+                verifier.fault = None
+                continue
+            moved[raw.subject] = (raw.seq, raw.headers[HASH_HEADER])
+        if not moved:
+            return None
+        self._heads.update({s: h for s, (_, h) in moved.items()})
+        return self._write(moved, {})
+
+    async def purge(self, subject: str) -> Checkpoint:
+        """An admin purge that stays verifiable: checkpoint what is there, sign a receipt for
+        the subject's head, then purge. The subject's next event starts a new chain."""
+        await self.checkpoint()
+        head = await self._store.head(subject)
+        receipt = self._write({}, {subject: (head.seq, head.hash)})
+        await self._js.purge_stream(self._stream, subject=subject)
+        self._heads.pop(subject, None)
+        self._refused.discard(subject)
+        return receipt
+
+    async def run(self, interval_s: float, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.checkpoint()
+            except Exception:  # a server that is away now answers later; the file is whole
+                log.warning("checkpoint failed", exc_info=True)
+            with contextlib.suppress(TimeoutError):  # the period passed with no stop asked
+                await asyncio.wait_for(stop.wait(), interval_s)
+
+
+def _settings() -> tuple[Signer, KeySet, Path]:
+    """Read once, before the loop starts: the key, the pinned key set, the checkpoint dir."""
+    signer = Signer.read(Path(os.environ[CHECKPOINT_KEY_ENV]))
+    keys = KeySet.read(Path(os.environ[KEYSET_ENV]))
+    directory = Path(os.environ[CHECKPOINT_DIR_ENV])
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return signer, keys, directory
+
+
+async def main() -> None:  # pragma: no cover - the process entry point
+    from fleet_mesh.connection import connect
+    from fleet_mesh.store import open_store
+
+    logging.basicConfig(level=logging.INFO)
+    signer, keys, directory = _settings()
+    nc = await connect(os.environ.get("NATS_URL", "nats://127.0.0.1:4222"), name="checkpointer")
+    js = nc.jetstream()
+    store = await open_store(js, streams.SESSIONS)
+    path = checkpoint_file(directory, streams.SESSIONS.name)
+    checkpointer = Checkpointer(store, streams.SESSIONS, signer, keys, path, js=js)
+    stop = asyncio.Event()
+    try:
+        await checkpointer.run(float(os.environ.get(INTERVAL_ENV, "10")), stop)
+    finally:
+        await nc.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    asyncio.run(main())

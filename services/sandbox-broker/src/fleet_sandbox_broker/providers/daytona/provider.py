@@ -1,0 +1,357 @@
+"""`DaytonaProvider` and `DaytonaSandbox`: the broker's provider contract on `AsyncDaytona`.
+
+A cell runs in a Daytona interpreter context (`code_interpreter.run_code`), which keeps its
+variables between cells. Its answer never travels on stdout (which the cell controls): the
+wrapper writes it to a file named by a per-execution token, and the broker reads that file
+back through the toolbox API of *this* sandbox, so what the broker reads is tied to the
+sandbox it asked, not to anything the cell prints.
+"""
+
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from daytona import (
+    AsyncDaytona,
+    AsyncSandbox,
+    CreateSandboxFromSnapshotParams,
+    DaytonaConfig,
+    ListSandboxesQuery,
+    VolumeMount,
+)
+
+from fleet_events.sandbox import Capabilities, ExecuteReply, Limits
+from fleet_sandbox_broker.errors import SandboxError, SandboxStopped, TooLarge
+from fleet_sandbox_broker.providers.base import ToolRelay
+from fleet_sandbox_broker.providers.daytona.resilience import Caller, Circuit
+
+HOME = PurePosixPath("/home/daytona")
+LABEL = "fleet-rlm"  # every sandbox carries fleet-rlm/sandbox, /replica and /parent labels
+
+
+@dataclass(frozen=True)
+class DaytonaSettings:
+    """Passed in explicitly: the SDK would otherwise read DAYTONA_* from `.env` in the cwd."""
+
+    api_key: str
+    api_url: str
+    target: str
+    replica: str
+    snapshot: str | None = None  # a linux-vm snapshot is what makes fork possible
+    vm: bool = True  # does `snapshot` give linux-vm sandboxes (so fork is declared)
+    auto_stop_min: int = 15
+    auto_archive_min: int = 60 * 24
+    auto_delete_min: int = -1
+    network_block_all: bool = False
+    deadline_s: float = 60.0
+    attempts: int = 5
+    circuit_threshold: int = 5
+    circuit_cool_s: float = 30.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _wrapper(code: str, token: str, variables: dict[str, str], tools: list[str]) -> str:
+    """The cell as sent: variables bound, SUBMIT defined, the answer written to the token's file."""
+    return f"""
+import json as __fj, os as __fo
+__fd = __fo.path.join(__fo.getcwd(), ".fleet")
+__fv = __fj.loads({json.dumps(variables)!r})
+globals().update({{__fk: __fj.loads(__fx) for __fk, __fx in __fv.items()}})
+class __FleetSubmit(BaseException):
+    pass
+def SUBMIT(*args, **kwargs):
+    raise __FleetSubmit(kwargs if kwargs else (args[0] if len(args) == 1 else list(args)))
+def __fleet_no_tool(name):
+    def call(*a, **k):
+        raise RuntimeError(
+            "host tool " + repr(name) + " is not available on the daytona provider yet"
+        )
+    return call
+for __ft in {tools!r}:
+    globals()[__ft] = __fleet_no_tool(__ft)
+try:
+    exec(compile({code!r}, "<cell>", "exec"), globals())
+    __fr = {{"kind": "result"}}
+except __FleetSubmit as __fs:
+    __fr = {{"kind": "final", "value": __fs.args[0]}}
+except SyntaxError as __fe:
+    __fr = {{"kind": "syntax", "error": str(__fe)}}
+except Exception as __fe:
+    __fr = {{"kind": "error", "error": type(__fe).__name__ + ": " + str(__fe)}}
+__fo.makedirs(__fd, exist_ok=True)
+with open(__fo.path.join(__fd, {token!r} + ".json"), "w") as __ff:
+    __ff.write(__fj.dumps(__fr, default=repr))
+"""
+
+
+class DaytonaSandbox:
+    def __init__(
+        self, provider: "DaytonaProvider", sandbox_id: str, remote: AsyncSandbox, limits: Limits
+    ) -> None:
+        self.id = sandbox_id
+        self.remote = remote
+        self.workspace = Path(str(HOME))
+        self.limits = limits
+        self.contexts: set[str] = set()
+        self.on_stop: list[Callable[[Any], Awaitable[None]]] = []
+        self._provider = provider
+        self._remote_contexts: dict[str, Any] = {}
+        self._known: dict[str, str] = {}  # variable digest -> JSON text, as the local runner keeps
+        self._stopped: tuple[str, str] | None = None
+
+    @property
+    def uid(self) -> int | None:
+        return None
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    @property
+    def running(self) -> bool:
+        return self._stopped is None
+
+    @property
+    def stopped_reason(self) -> str | None:
+        return None if self._stopped is None else self._stopped[0]
+
+    @property
+    def stopped_limit(self) -> str | None:
+        return None if self._stopped is None else self._stopped[1]
+
+    def _alive(self) -> None:
+        if self._stopped is not None:
+            raise SandboxStopped(f"sandbox {self.id} has stopped: {self._stopped[0]}")
+
+    async def open_context(self, context: str) -> None:
+        self._alive()
+        if context not in self._remote_contexts:
+            ctx = await self._provider.call(
+                f"open context {context!r} of {self.id}",
+                lambda: self.remote.code_interpreter.create_context(cwd=str(HOME)),
+            )
+            self._remote_contexts[context] = ctx
+        self.contexts.add(context)
+
+    async def close_context(self, context: str) -> None:
+        ctx = self._remote_contexts.pop(context, None)
+        self.contexts.discard(context)
+        if ctx is not None:
+            await self._provider.call(
+                f"close context {context!r} of {self.id}",
+                lambda: self.remote.code_interpreter.delete_context(ctx),
+            )
+
+    async def execute(
+        self,
+        *,
+        context: str,
+        code: str,
+        variables: dict[str, str],
+        blobs: dict[str, str],
+        tools: list[str],
+        output_fields: list[dict[str, Any]] | None,
+        wall_s: float,
+        relay: ToolRelay,
+    ) -> ExecuteReply:
+        self._alive()
+        self._known.update(blobs)
+        missing = sorted({h for h in variables.values() if h not in self._known})
+        if missing:
+            return ExecuteReply(kind="missing", missing=missing)
+        if context not in self._remote_contexts:
+            await self.open_context(context)
+        ctx = self._remote_contexts[context]
+        token = secrets.token_hex(16)
+        bound = {name: self._known[h] for name, h in variables.items()}
+        source = _wrapper(code, token, bound, tools)
+        run = await self._provider.call(
+            f"exec in {self.id}",
+            lambda: self.remote.code_interpreter.run_code(
+                source, context=ctx, timeout=int(wall_s) + 1
+            ),
+        )
+        stdout = run.stdout + run.stderr
+        if run.error is not None:  # the wrapper itself failed: only an interpreter-level error
+            return ExecuteReply(
+                kind="error", stdout=stdout, error=f"{run.error.name}: {run.error.value}"
+            )
+        raw = await self.read_file(f".fleet/{token}.json", 16 * 1024 * 1024)
+        answer = json.loads(raw)
+        return ExecuteReply(
+            kind=answer["kind"],
+            value=answer.get("value"),
+            stdout=stdout,
+            error=answer.get("error", ""),
+        )
+
+    async def interrupt(self, context: str) -> bool:
+        """Daytona's interpreter has no interrupt: the context is dropped (its state with it)."""
+        if context not in self._remote_contexts:
+            return False
+        await self.close_context(context)
+        return True
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        self._alive()
+        # bytes, never a str: the SDK reads a str as a path on the broker's own disk
+        await self._provider.call(
+            f"write {path!r} in {self.id}", lambda: self.remote.fs.upload_file(bytes(data), path)
+        )
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        self._alive()
+        data = await self._provider.call(
+            f"read {path!r} in {self.id}", lambda: self.remote.fs.download_file(path)
+        )
+        if len(data) > max_bytes:
+            raise TooLarge(f"{path} is {len(data)} bytes, over the {max_bytes} byte read limit")
+        return bytes(data)
+
+    async def stop(self, reason: str, limit: str = "exited") -> None:
+        if self._stopped is not None:
+            return
+        self._stopped = (reason, limit)
+        for hook in self.on_stop:
+            await hook(self)
+
+    async def destroy(self) -> None:
+        await self.stop("deleted")
+        await self._provider.delete_tree(self.id)
+
+    async def archive(self) -> None:
+        await self._provider.call(f"archive {self.id}", lambda: self.remote.archive())
+
+
+class DaytonaProvider:
+    name = "daytona"
+
+    def __init__(self, settings: DaytonaSettings) -> None:
+        self.settings = settings
+        self.capabilities = Capabilities(
+            fork=settings.vm,
+            fork_keeps_repl_memory=False,  # a Daytona fork copies the filesystem, not a process
+            durable_volumes=True,
+            network_isolation=settings.network_block_all,
+            archive=True,
+        )
+        self.circuit = Circuit(settings.circuit_threshold, settings.circuit_cool_s)
+        self.call = Caller(self.circuit, settings.attempts, settings.deadline_s)
+        self.client = AsyncDaytona(
+            DaytonaConfig(
+                api_key=settings.api_key, api_url=settings.api_url, target=settings.target
+            )
+        )
+
+    def _labels(self, sandbox_id: str, parent: str | None) -> dict[str, str]:
+        return {
+            **self.settings.labels,
+            f"{LABEL}/sandbox": sandbox_id,
+            f"{LABEL}/replica": self.settings.replica,
+            f"{LABEL}/parent": parent or "",
+        }
+
+    async def _volume(self, name: str) -> str:
+        """A volume's id once it is `ready` (Daytona refuses to mount one that is not)."""
+        started = time.monotonic()
+        while True:
+            volume = await self.call(
+                f"volume {name!r}", lambda: self.client.volume.get(name, create=True)
+            )
+            if str(getattr(volume.state, "value", volume.state)) == "ready":
+                return str(volume.id)
+            if time.monotonic() - started > self.settings.deadline_s:
+                raise SandboxError(
+                    f"Daytona volume {name!r} was not ready within "
+                    f"{self.settings.deadline_s:g} s (state {volume.state})"
+                )
+
+    async def create(
+        self,
+        sandbox_id: str,
+        limits: Limits,
+        *,
+        fork_ready: bool = True,
+        mounts: dict[str, Path] | None = None,
+        revive: bool = False,
+    ) -> DaytonaSandbox:
+        """`mounts` maps a workspace-relative path to `<volume name>/<subpath>`."""
+        volumes = []
+        for rel, spec in (mounts or {}).items():
+            name, *sub = PurePosixPath(str(spec)).parts
+            volume_id = await self._volume(name)
+            volumes.append(
+                VolumeMount(
+                    volume_id=volume_id, mount_path=str(HOME / rel), subpath="/".join(sub) or None
+                )
+            )
+        params = CreateSandboxFromSnapshotParams(
+            snapshot=self.settings.snapshot,
+            labels=self._labels(sandbox_id, None),
+            auto_stop_interval=self.settings.auto_stop_min,
+            auto_archive_interval=self.settings.auto_archive_min,
+            auto_delete_interval=self.settings.auto_delete_min,
+            network_block_all=self.settings.network_block_all,
+            volumes=volumes or None,
+            env_vars={},  # nothing of the broker's environment: sandbox code never sees it
+        )
+        remote = await self.call(
+            f"create {sandbox_id}",
+            lambda: self.client.create(params, timeout=self.settings.deadline_s),
+        )
+        return DaytonaSandbox(self, sandbox_id, remote, limits)
+
+    async def fork(self, parent: DaytonaSandbox, child_id: str) -> DaytonaSandbox:
+        remote = await self.call(
+            f"fork {parent.id}",
+            lambda: parent.remote.fork(name=child_id, timeout=self.settings.deadline_s),
+        )
+        labels = {**remote.labels, **self._labels(child_id, parent.id)}
+        await self.call(f"label {child_id}", lambda: remote.set_labels(labels))
+        child = DaytonaSandbox(self, child_id, remote, parent.limits)
+        child.contexts = set(parent.contexts)  # same names; fresh interpreters (no REPL memory)
+        return child
+
+    async def clone_repo(
+        self, box: DaytonaSandbox, url: str, ref: str | None, *, allow_local: bool
+    ) -> None:
+        await self.call(
+            f"clone into {box.id}",
+            lambda: box.remote.git.clone(url, str(HOME / "repo"), commit_id=ref),
+        )
+
+    async def find(
+        self, sandbox_id: str | None = None, parent: str | None = None
+    ) -> list[AsyncSandbox]:
+        labels = {f"{LABEL}/replica": self.settings.replica}
+        if sandbox_id is not None:
+            labels[f"{LABEL}/sandbox"] = sandbox_id
+        if parent is not None:
+            labels[f"{LABEL}/parent"] = parent
+
+        async def listed() -> list[AsyncSandbox]:
+            return [s async for s in self.client.list(ListSandboxesQuery(labels=labels))]
+
+        return await self.call("list sandboxes", listed)
+
+    async def delete_tree(self, sandbox_id: str) -> None:
+        """Children first: Daytona refuses to delete a parent with live forks."""
+        for child in await self.find(parent=sandbox_id):
+            await self.delete_tree(child.labels[f"{LABEL}/sandbox"])
+        for remote in await self.find(sandbox_id=sandbox_id):
+
+            async def delete(box: AsyncSandbox = remote) -> None:
+                await box.delete(self.settings.deadline_s)
+
+            await self.call(f"delete {sandbox_id}", delete)
+
+    async def discard(self, sandbox_id: str) -> None:
+        await self.delete_tree(sandbox_id)
+
+    async def close(self) -> None:
+        close: Callable[[], Awaitable[None]] = self.client.close  # the SDK leaves it unannotated
+        await close()

@@ -1,0 +1,212 @@
+"""The `daytona` provider through the real SDK against the contract fake."""
+
+import time
+
+import pytest
+from daytona import DaytonaConflictError
+
+from fleet_events.sandbox import Limits, ToolCall, ToolReply
+from fleet_harness.daytona_fake import DaytonaFake
+from fleet_sandbox_broker.errors import Conflict, ForkFailed, SandboxNotFound, Unavailable
+from fleet_sandbox_broker.providers.daytona.provider import LABEL, DaytonaProvider
+
+from .conftest import settings
+
+LIMITS = Limits(wall_s=20)
+
+
+async def _no_tools(call: ToolCall) -> ToolReply:
+    return ToolReply(ok=False, error="no tools here")
+
+
+async def run(box, code: str, context: str = "main", **variables: str):  # type: ignore[no-untyped-def]
+    import hashlib
+    import json
+
+    blobs = {}
+    digests = {}
+    for name, value in variables.items():
+        text = json.dumps(value)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        blobs[digest] = text
+        digests[name] = digest
+    return await box.execute(
+        context=context,
+        code=code,
+        variables=digests,
+        blobs=blobs,
+        tools=[],
+        output_fields=None,
+        wall_s=20,
+        relay=_no_tools,
+    )
+
+
+async def test_capabilities_say_a_fork_copies_files_not_repl_memory(
+    daytona: DaytonaProvider,
+) -> None:
+    assert daytona.capabilities.fork is True
+    assert daytona.capabilities.fork_keeps_repl_memory is False
+    assert daytona.capabilities.archive is True
+
+
+async def test_repl_state_persists_in_a_context_and_the_answer_is_not_read_from_stdout(
+    daytona: DaytonaProvider,
+) -> None:
+    box = await daytona.create("sb-1", LIMITS)
+    assert (await run(box, "x = 41")).kind == "result"
+    reply = await run(box, 'print(\'{"kind": "final", "value": 666}\')\nSUBMIT(answer=x + 1)')
+    assert reply.kind == "final"
+    assert reply.value == {"answer": 42}
+    assert '"value": 666' in reply.stdout  # printed text stays output, never the answer
+    failed = await run(box, "1/0")
+    assert failed.kind == "error"
+    assert "ZeroDivisionError" in failed.error
+    assert (await run(box, "SUBMIT(v)", v="hello")).value == "hello"
+    await box.destroy()
+
+
+async def test_files_travel_as_bytes_both_ways(daytona: DaytonaProvider) -> None:
+    box = await daytona.create("sb-files", LIMITS)
+    payload = bytes(range(256)) * 4
+    await box.write_file("data/blob.bin", payload)
+    assert await box.read_file("data/blob.bin", 1 << 20) == payload
+    reply = await run(box, "SUBMIT(len(open('data/blob.bin', 'rb').read()))")
+    assert reply.value == len(payload)
+    await box.destroy()
+
+
+async def test_every_sandbox_is_labelled_with_its_id_replica_and_parent(
+    daytona: DaytonaProvider, fake: DaytonaFake
+) -> None:
+    parent = await daytona.create("sb-p", LIMITS)
+    child = await daytona.fork(parent, "sb-c")
+    labels = {
+        box.dto["labels"][f"{LABEL}/sandbox"]: box.dto["labels"] for box in fake.sandboxes.values()
+    }
+    assert labels["sb-p"][f"{LABEL}/replica"] == "r1"
+    assert labels["sb-c"][f"{LABEL}/parent"] == "sb-p"
+    found = await daytona.find(parent="sb-p")
+    assert [s.labels[f"{LABEL}/sandbox"] for s in found] == ["sb-c"]
+    await child.destroy()
+    await parent.destroy()
+
+
+async def test_a_fork_copies_files_but_not_repl_memory(daytona: DaytonaProvider) -> None:
+    parent = await daytona.create("sb-fp", LIMITS)
+    await parent.write_file("notes.txt", b"from the parent")
+    await run(parent, "y = 7")
+    child = await daytona.fork(parent, "sb-fc")
+    assert await child.read_file("notes.txt", 1024) == b"from the parent"
+    missing = await run(child, "SUBMIT(y)")
+    assert missing.kind == "error"
+    assert "NameError" in missing.error
+    await child.write_file("notes.txt", b"child")
+    assert await parent.read_file("notes.txt", 1024) == b"from the parent"
+    await child.destroy()
+    await parent.destroy()
+
+
+async def test_fork_of_a_container_sandbox_is_a_fork_failure_with_advice(fake: DaytonaFake) -> None:
+    provider = DaytonaProvider(settings(fake, snapshot="plain-container", vm=False))
+    try:
+        assert provider.capabilities.fork is False
+        box = await provider.create("sb-ct", LIMITS)
+        with pytest.raises(ForkFailed, match="linux-vm"):
+            await provider.fork(box, "sb-ct-child")
+        await box.destroy()
+    finally:
+        await provider.close()
+
+
+async def test_a_parent_is_deleted_after_its_children(
+    daytona: DaytonaProvider, fake: DaytonaFake
+) -> None:
+    parent = await daytona.create("sb-tree", LIMITS)
+    child = await daytona.fork(parent, "sb-tree-1")
+    await daytona.fork(child, "sb-tree-2")
+    # the service itself refuses a parent with live forks: the provider must order the deletes
+    with pytest.raises(DaytonaConflictError, match="live fork"):
+        await parent.remote.delete()
+    await parent.destroy()
+    assert [b for b in fake.sandboxes.values() if b.dto["state"] != "destroyed"] == []
+
+
+async def test_a_deleted_sandbox_is_not_found_with_advice(daytona: DaytonaProvider) -> None:
+    box = await daytona.create("sb-gone", LIMITS)
+    await box.remote.delete()
+    with pytest.raises(SandboxNotFound, match="create a new sandbox"):
+        await box.read_file("x", 10)
+
+
+async def test_a_volume_is_mounted_at_its_subpath_once_ready(
+    daytona: DaytonaProvider, fake: DaytonaFake
+) -> None:
+    fake.volume_ready_after = 3  # polled while pending_create, mounted only when ready
+    one = await daytona.create("sb-v1", LIMITS, mounts={"data": "shared/tenant-a"})  # type: ignore[dict-item]
+    await one.write_file("data/kept.txt", b"durable")
+    two = await daytona.create("sb-v2", LIMITS, mounts={"data": "shared/tenant-a"})  # type: ignore[dict-item]
+    assert await two.read_file("data/kept.txt", 100) == b"durable"
+    other = await daytona.create("sb-v3", LIMITS, mounts={"data": "shared/tenant-b"})  # type: ignore[dict-item]
+    with pytest.raises(SandboxNotFound):
+        await other.read_file("data/kept.txt", 100)
+    assert fake.count("GET", "/volumes/by-name/{name}") >= 3
+    for box in (one, two, other):
+        await box.destroy()
+
+
+async def test_archive(daytona: DaytonaProvider, fake: DaytonaFake) -> None:
+    box = await daytona.create("sb-arch", LIMITS)
+    await box.archive()
+    assert fake.sandboxes[box.remote.id].dto["state"] == "archived"
+
+
+async def test_a_429_with_retry_after_is_waited_out(
+    daytona: DaytonaProvider, fake: DaytonaFake
+) -> None:
+    fake.inject(429, method="POST", route="/sandbox", times=2, retry_after=0.3)
+    started = time.monotonic()
+    box = await daytona.create("sb-429", LIMITS)
+    waited = time.monotonic() - started
+    assert fake.count("POST", "/sandbox") == 3
+    # the backoff of its own would be 0.05 s then 0.1 s: only Retry-After makes it wait 2 x 0.3 s
+    assert waited >= 0.6
+    await box.destroy()
+
+
+async def test_a_5xx_storm_opens_the_circuit_and_reports_degraded(fake: DaytonaFake) -> None:
+    provider = DaytonaProvider(settings(fake, attempts=2, circuit_threshold=3))
+    try:
+        fake.inject(503, times=1000)
+        for _ in range(3):
+            with pytest.raises(Unavailable, match="503"):
+                await provider.create("sb-storm", LIMITS)
+        health = provider.circuit.health()
+        assert health["ok"] is False
+        assert "Daytona failed 3 calls" in str(health["guidance"])
+        calls = len(fake.calls)
+        with pytest.raises(Unavailable, match="degraded"):
+            await provider.create("sb-storm", LIMITS)
+        assert len(fake.calls) == calls  # failed fast: Daytona was not asked again
+    finally:
+        fake.injections.clear()
+        await provider.close()
+
+
+async def test_a_409_is_a_conflict_with_advice(daytona: DaytonaProvider, fake: DaytonaFake) -> None:
+    box = await daytona.create("sb-409", LIMITS)
+    fake.inject(409, method="POST", route="/files/bulk-upload")
+    with pytest.raises(Conflict, match="current state"):
+        await box.write_file("a.txt", b"x")
+    await box.destroy()
+
+
+async def test_sandbox_code_sees_none_of_the_brokers_environment(
+    daytona: DaytonaProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_TEST_SECRET", "broker-only")
+    box = await daytona.create("sb-env", LIMITS)
+    reply = await run(box, "import os\nSUBMIT(sorted(os.environ))")
+    assert "FLEET_TEST_SECRET" not in reply.value
+    assert "DAYTONA_API_KEY" not in reply.value
+    await box.destroy()

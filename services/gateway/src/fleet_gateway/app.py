@@ -30,6 +30,8 @@ from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_gateway.readiness import Readiness, check
 from fleet_gateway.routes import auth as auth_routes
 from fleet_gateway.routes import documents as document_routes
+from fleet_gateway.routes import runtime as runtime_routes
+from fleet_gateway.routes import sandboxes as sandbox_routes
 from fleet_gateway.routes import sessions as session_routes
 from fleet_gateway.routes import transfer as transfer_routes
 from fleet_gateway.routes import ws as ws_routes
@@ -84,6 +86,8 @@ def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app.include_router(transfer_routes.router)
     app.include_router(ws_routes.router)
     app.include_router(document_routes.router)
+    app.include_router(runtime_routes.router)
+    app.include_router(sandbox_routes.router)
     state.body_limits.update(transfer_routes.BODY_LIMITS | document_routes.BODY_LIMITS)
     document = asyncapi()  # the catalog is fixed for the life of the process
 

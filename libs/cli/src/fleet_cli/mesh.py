@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fleet_cli.children import ChildSpec, ChildView
 from fleet_cli.identity import BadReplicas, replica_name
+from fleet_cli.keys import ensure_keys, signing_env
 from fleet_cli.supervisor import Supervisor
 from fleet_events.subjects import SERVICES
 from fleet_mesh.bootstrap import bootstrap
@@ -119,11 +120,15 @@ def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
     env.setdefault("FLEET_SANDBOX_ROOT", str((options.data_dir / "sandboxes").resolve()))
     env.setdefault("FLEET_SANDBOX_VOLUMES", str((options.data_dir / "volumes").resolve()))
     env.setdefault("FLEET_GATEWAY_DATA_DIR", str(gateway_dir(options.data_dir)))
+    ensure_keys(options.data_dir, SERVICES)  # every append signed (docs/audit.md)
     return [
         ChildSpec(
             name=service,
             argv=(sys.executable, "-m", module_of(service)),
-            env=_named(options.data_dir, service, env),
+            env={
+                **_named(options.data_dir, service, env),
+                **signing_env(options.data_dir, service),
+            },
             log_path=options.logs / f"{service}.log",
         )
         for service in SERVICES

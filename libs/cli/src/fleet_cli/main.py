@@ -14,6 +14,7 @@ from rich.logging import RichHandler
 
 from fleet_cli import display
 from fleet_cli.children import ChildView
+from fleet_cli.commands import register
 from fleet_cli.localllm.errors import LocalLlmError
 from fleet_cli.localllm.paths import Cache, default_cache
 from fleet_cli.localllm.up import (
@@ -168,6 +169,9 @@ def status_command(
         raise typer.Exit(2)
     console.print(display.components(answer))
     raise typer.Exit(0 if answer.ready else 1)
+
+
+register(app)
 
 
 def main() -> None:

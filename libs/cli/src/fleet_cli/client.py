@@ -1,0 +1,189 @@
+"""The CLI's only way into a mesh: the gateway's HTTP routes and its WebSocket, never the bus,
+so `fleet run` against a remote mesh behaves exactly as against the local one."""
+
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from fleet_cli.mesh import gateway_dir
+from fleet_cli.status import gateway_url
+from fleet_events import new_id
+from fleet_gateway.auth import SECRET_FILE, dev_token
+
+MODES = ("auto", "rlm_only", "tools_only")
+# The turn's last event says how it ended; the CLI's exit status says the same to a script.
+ENDINGS = {
+    "turn.completed": "completed",
+    "turn.failed": "failed",
+    "turn.cancelled": "cancelled",
+    "turn.refused": "refused",
+}
+
+
+class ClientError(Exception):
+    """What went wrong talking to the gateway, worded for the person at the terminal."""
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    token: str
+    source: str  # where url and token came from, for messages that must say so
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.url.removeprefix("http")
+
+
+def find_target(data_dir: Path, env: Mapping[str, str] | None = None) -> Target:
+    """`FLEET_URL` / `FLEET_TOKEN` win; else the mesh `fleet up` runs from `data_dir`. A token
+    is only minted from a signing secret the gateway already made: minting one here would
+    create a secret no running gateway shares, and every request would be a puzzling 401."""
+    env = os.environ if env is None else env
+    url = env.get("FLEET_URL") or gateway_url(data_dir, None)
+    token = env.get("FLEET_TOKEN", "")
+    source = "FLEET_URL" if env.get("FLEET_URL") else f"{data_dir}/up.json"
+    if not token:
+        token = mint_token(data_dir)
+        source += f" and the development token of {gateway_dir(data_dir)}"
+    return Target(url.rstrip("/"), token, source)
+
+
+def mint_token(data_dir: Path, *, tenant: str = "dev", user: str = "dev") -> str:
+    secret_dir = gateway_dir(data_dir)
+    if not (secret_dir / SECRET_FILE).exists():
+        raise ClientError(
+            f"no gateway signing secret in {secret_dir}: start the mesh with `fleet up "
+            f"--data-dir {data_dir}` first, or set FLEET_URL and FLEET_TOKEN for another mesh"
+        )
+    return dev_token(secret_dir, tenant=tenant, user=user)
+
+
+def _problem(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        return f"{body['code']}: {body['message']}"
+    except (ValueError, KeyError, TypeError):
+        return response.text[:500] or response.reason_phrase
+
+
+@dataclass
+class TurnResult:
+    session: str
+    turn: str
+    status: str  # completed | failed | cancelled | refused
+    answer: str = ""
+    error: str = ""
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Gateway:
+    """One gateway, one principal (the token's): thin calls that raise `ClientError` with
+    the gateway's own `{code, message}`, so the CLI never guesses what went wrong."""
+
+    def __init__(self, target: Target, timeout: float = 30.0) -> None:
+        self.target = target
+        self._http = httpx.AsyncClient(
+            base_url=target.url,
+            headers={"Authorization": f"Bearer {target.token}"},
+            timeout=timeout,
+        )
+
+    async def __aenter__(self) -> "Gateway":
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self._http.aclose()
+
+    async def answer(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Any answer, refusals included (`/ready` says what is down in a 503's body)."""
+        try:
+            return await self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ClientError(
+                f"no gateway answered at {self.target.url} ({type(exc).__name__}: {exc}); "
+                f"is `fleet up` running? (url from {self.target.source})"
+            ) from None
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = await self.answer(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise ClientError(
+                f"{method} {path} was refused ({response.status_code} {_problem(response)})"
+            )
+        return response
+
+    async def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return (await self.request(method, path, **kwargs)).json()
+
+    async def ticket(self) -> str:
+        return str((await self.json("POST", "/api/v1/auth/ws-ticket"))["ticket"])
+
+    @asynccontextmanager
+    async def socket(self, path: str, **query: str) -> AsyncIterator[ClientConnection]:
+        qs = urlencode({"ticket": await self.ticket(), **query})
+        try:
+            ws = await connect(f"{self.target.ws_url}{path}?{qs}", max_size=None)
+        except (OSError, InvalidHandshake, InvalidURI) as exc:
+            raise ClientError(f"could not open {path} at {self.target.url}: {exc}") from None
+        try:
+            yield ws
+        finally:
+            await ws.close()
+
+    async def run_turn(
+        self,
+        message: str,
+        *,
+        mode: str = "auto",
+        session: str | None = None,
+        on_frame: Callable[[dict[str, Any]], None] = lambda _: None,
+    ) -> TurnResult:
+        """Send one message over `/ws/execution` and read until that turn ends. The turn id is
+        made here, so a resent frame stores once and the ending is told apart from any other
+        turn's events on the same session."""
+        session = session or new_id()
+        turn = new_id()
+        result = TurnResult(session, turn, "failed")
+        async with self.socket("/api/v1/ws/execution", session_id=session) as ws:
+            frame = {
+                "type": "message", "session_id": session, "turn_id": turn,
+                "content": message, "execution_mode": mode,
+            }  # fmt: skip
+            await ws.send(json.dumps(frame))
+            try:
+                async for raw in ws:
+                    item = json.loads(raw)
+                    on_frame(item)
+                    if item.get("type") == "error":
+                        result.error = f"{item.get('code')}: {item.get('message')}"
+                        return result
+                    if item.get("type") != "event":
+                        continue
+                    envelope = item.get("event") or {}
+                    if envelope.get("turn") != turn:
+                        continue
+                    result.events.append(item)
+                    data = envelope.get("data") or {}
+                    ending = ENDINGS.get(str(data.get("type")))
+                    if ending is None:
+                        continue
+                    result.status = ending
+                    result.answer = str(data.get("answer", data.get("partial", "")))
+                    result.error = str(data.get("error") or data.get("message") or "")
+                    return result
+            except ConnectionClosed as exc:
+                raise ClientError(
+                    f"the gateway closed the socket before turn {turn} ended ({exc}); the "
+                    f"turn runs on: `fleet sessions show {session}`"
+                ) from None
+        raise ClientError(f"the socket ended before turn {turn} of session {session} ended")

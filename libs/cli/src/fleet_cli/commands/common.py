@@ -1,0 +1,44 @@
+"""What every client command shares: where the mesh is, and one way to fail."""
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from fleet_cli.client import ClientError, Gateway, find_target
+
+T = TypeVar("T")
+# Progress and errors on stderr, so stdout carries only what a pipe wants (an answer, JSON).
+err = Console(stderr=True, highlight=False)
+
+DataDir = Annotated[
+    Path, typer.Option("--data-dir", help="the local mesh's data dir (FLEET_URL/FLEET_TOKEN win)")
+]
+DEFAULT_DATA_DIR = Path(".fleet")
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2  # bad input, or no mesh to talk to
+EXIT_REFUSED = 3
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def gateway(data_dir: Path) -> Gateway:
+    try:
+        return Gateway(find_target(data_dir.resolve()))
+    except ClientError as exc:
+        raise fail(str(exc)) from None
+
+
+def call(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run one client coroutine; a `ClientError` becomes its message and exit status 2."""
+    try:
+        return asyncio.run(coroutine)
+    except ClientError as exc:
+        raise fail(str(exc)) from None

@@ -1,0 +1,93 @@
+"""`fleet doctor`: every part the mesh needs, each with what to do when it is down, so a
+failed check is a next step rather than a stack trace."""
+
+import os
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fleet_cli.client import ClientError, Gateway, Target, find_target
+from fleet_cli.commands.common import DEFAULT_DATA_DIR, DataDir, call
+
+out = Console(highlight=False)
+
+ADVICE = {
+    "nats": "NATS is down: `fleet up` restarts it; if it keeps failing read <data-dir>/logs/"
+    "fleet-up.log (a port in use? try --nats-port 0)",
+    "service": "read <data-dir>/logs/{name}.log for its last error; `fleet up` restarts a "
+    "service that exits",
+    "store": "run the bootstrap: restart `fleet up`, which creates every stream and bucket",
+}
+
+
+def _advice(item: dict[str, Any]) -> str:
+    kind = str(item.get("kind"))
+    if kind in ("nats", "service"):
+        return ADVICE[kind].format(name=item.get("name"))
+    return ADVICE["store"]
+
+
+async def _checks(target: Target, env: dict[str, str]) -> list[tuple[str, bool, str, str]]:
+    rows: list[tuple[str, bool, str, str]] = []
+    async with Gateway(target, timeout=10) as gw:
+        try:
+            await gw.request("GET", "/health")
+        except ClientError as exc:
+            return [("gateway", False, str(exc), "start the mesh: `fleet up` (or set FLEET_URL)")]
+        rows.append(("gateway", True, f"{target.url} answers /health", ""))
+        try:
+            me = await gw.json("GET", "/api/v1/auth/me")
+            rows.append(("token", True, f"tenant {me.get('tenant')}, user {me.get('user')}", ""))
+        except ClientError as exc:
+            rows.append(
+                ("token", False, str(exc), "mint one with `fleet token` or fix FLEET_TOKEN")
+            )
+        try:
+            components = (await gw.answer("GET", "/ready")).json().get("components", [])
+        except (ClientError, ValueError) as exc:
+            components = []
+            rows.append(
+                ("ready", False, f"/ready did not answer JSON ({exc})", "see the gateway log")
+            )
+        for item in components:
+            up = item.get("state") == "up"
+            detail = str(item.get("detail") or item.get("replica") or "")
+            rows.append((str(item.get("name")), up, detail, "" if up else _advice(item)))
+    rows.append(await _llm(env))
+    return rows
+
+
+async def _llm(env: dict[str, str]) -> tuple[str, bool, str, str]:
+    """The model endpoint the services were given, if this shell names it (`fleet up` starts
+    its local model on 127.0.0.1:8181 unless told otherwise)."""
+    base = env.get("FLEET_LLM_API_BASE") or "http://127.0.0.1:8181/v1"
+    try:
+        async with httpx.AsyncClient(timeout=3) as client:
+            response = await client.get(f"{base.rstrip('/')}/models")
+    except httpx.HTTPError as exc:
+        advice = "start `fleet up` without --llm none, or point FLEET_LLM_API_BASE at a model"
+        return ("llm", False, f"{base}: {type(exc).__name__}", advice)
+    if response.status_code >= 400:
+        return ("llm", False, f"{base}/models answered {response.status_code}",
+                "check FLEET_LLM_API_KEY and FLEET_LLM_MODEL (docs/local-llm.md)")  # fmt: skip
+    return ("llm", True, f"{base} answers", "")
+
+
+def doctor_command(data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
+    """Check the gateway, the token, NATS, every stream and service (/ready), and the LLM;
+    exit 0 only when all are up."""
+    try:
+        target = find_target(data_dir.resolve())
+    except ClientError as exc:
+        target = Target(os.environ.get("FLEET_URL", "http://127.0.0.1:8080"), "", str(exc))
+    rows = call(_checks(target, dict(os.environ)))
+    table = Table(title=f"fleet doctor: {target.url}", title_justify="left")
+    for column in ("check", "state", "detail", "what to do"):
+        table.add_column(column)
+    for name, up, detail, advice in rows:
+        table.add_row(name, "[green]up[/]" if up else "[red]down[/]", detail, advice)
+    out.print(table)
+    raise typer.Exit(0 if all(up for _, up, _, _ in rows) else 1)

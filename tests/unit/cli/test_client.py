@@ -1,0 +1,121 @@
+"""The client commands' choices that need no mesh: where the mesh is, which token, and input
+refused before any request is made."""
+
+import json
+from pathlib import Path
+
+import jwt
+import pytest
+from typer.testing import CliRunner, Result
+
+from fleet_cli.client import ClientError, find_target
+from fleet_cli.main import app
+from fleet_gateway.auth import SECRET_FILE, dev_token
+from fleet_mesh.natsserver import free_port
+
+
+def said(result: Result) -> str:
+    return " ".join(result.output.split())
+
+
+@pytest.fixture(autouse=True)
+def no_outside_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FLEET_URL", "FLEET_TOKEN", "FLEET_GATEWAY_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def a_mesh_dir(tmp_path: Path, url: str = "http://127.0.0.1:9999") -> Path:
+    (tmp_path / "up.json").write_text(json.dumps({"gateway": url, "nats": "nats://x"}))
+    dev_token(tmp_path / "gateway")  # the gateway made its secret on first start
+    return tmp_path
+
+
+def test_the_local_mesh_is_found_from_its_data_dir_with_a_token_its_gateway_accepts(
+    tmp_path: Path,
+) -> None:
+    target = find_target(a_mesh_dir(tmp_path, "http://127.0.0.1:7001"), env={})
+    assert target.url == "http://127.0.0.1:7001"
+    assert target.ws_url == "ws://127.0.0.1:7001"
+    secret = (tmp_path / "gateway" / SECRET_FILE).read_text().strip()
+    claims = jwt.decode(
+        target.token, secret.encode(), algorithms=["HS256"], audience="fleet-rlm"
+    )
+    assert (claims["tid"], claims["fleet_admin"]) == ("dev", True)
+
+
+def test_fleet_url_and_fleet_token_point_the_client_anywhere_else(tmp_path: Path) -> None:
+    env = {"FLEET_URL": "https://mesh.example.test/", "FLEET_TOKEN": "tok"}
+    target = find_target(a_mesh_dir(tmp_path), env=env)
+    assert (target.url, target.token) == ("https://mesh.example.test", "tok")
+    assert target.ws_url == "wss://mesh.example.test"
+
+
+def test_no_gateway_secret_is_a_clear_error_and_none_is_created(tmp_path: Path) -> None:
+    """Minting with a fresh secret would give a token no running gateway accepts (every call
+    a puzzling 401): the client says to start the mesh and leaves the data dir alone."""
+    with pytest.raises(ClientError, match="no gateway signing secret in .*fleet up"):
+        find_target(tmp_path, env={})
+    assert not (tmp_path / "gateway" / SECRET_FILE).exists()
+
+
+def test_fleet_token_prints_only_the_token_and_refuses_a_tenant_that_is_no_id(
+    tmp_path: Path,
+) -> None:
+    mesh = a_mesh_dir(tmp_path)
+    good = CliRunner().invoke(app, ["token", "--tenant", "acme", "--data-dir", str(mesh)])
+    assert good.exit_code == 0, good.output
+    assert good.stdout.count(".") == 2 and "\n" == good.stdout[-1]  # a JWT and a newline
+    bad = CliRunner().invoke(app, ["token", "--tenant", "a.b", "--data-dir", str(mesh)])
+    assert bad.exit_code == 2
+    assert bad.stdout == ""
+    assert "invalid tenant id 'a.b'" in said(bad)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sessions", "show", "../../auth/me"],
+        ["sessions", "rm", "a/b"],
+        ["sessions", "export", "x y"],
+    ],
+)
+def test_a_session_id_that_is_no_id_is_refused_before_any_request(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """The id would otherwise become part of a URL path (`../` reaches other routes)."""
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: a request would say so
+    result = CliRunner().invoke(
+        app, [*argv, "--data-dir", str(a_mesh_dir(tmp_path, url))]
+    )
+    assert result.exit_code == 2
+    assert "invalid session id" in said(result)
+    assert "no gateway answered" not in said(result)
+
+
+def test_run_refuses_an_unknown_mode_and_an_empty_question(tmp_path: Path) -> None:
+    mesh = str(a_mesh_dir(tmp_path))
+    mode = CliRunner().invoke(app, ["run", "hi", "--mode", "fast", "--data-dir", mesh])
+    assert mode.exit_code == 2
+    assert "--mode 'fast' is not one of auto, rlm_only, tools_only" in said(mode)
+    empty = CliRunner().invoke(app, ["run", "  ", "--data-dir", mesh])
+    assert empty.exit_code == 2
+    assert "the question is empty" in said(empty)
+
+
+def test_run_without_a_gateway_names_the_url_and_where_it_came_from(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(app, ["run", "hi", "--data-dir", str(a_mesh_dir(tmp_path, url))])
+    assert result.exit_code == 2
+    assert f"no gateway answered at {url}" in said(result)
+    assert "up.json" in said(result)
+
+
+def test_audit_verify_names_an_unreadable_line_and_a_missing_file(tmp_path: Path) -> None:
+    broken = tmp_path / "export.ndjson"
+    broken.write_text('{"subject": "fleet.session.t.s.log"}\n')
+    result = CliRunner().invoke(app, ["audit", "verify", str(broken)])
+    assert result.exit_code == 1
+    assert "export line 1 is unreadable" in said(result)
+    missing = CliRunner().invoke(app, ["audit", "verify", str(tmp_path / "nope.ndjson")])
+    assert missing.exit_code == 2
+    assert "is neither a file nor a session id" in said(missing)

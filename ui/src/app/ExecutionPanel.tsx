@@ -1,0 +1,136 @@
+import type { ViewModel } from "../model/view";
+import { cost, ms } from "./format";
+
+export function BudgetBar({ view }: { view: ViewModel }) {
+  const budgets = Object.values(view.budgets);
+  if (budgets.length === 0) return null;
+  return (
+    <ul aria-label="Budget" className="flex flex-col gap-1 p-3 text-sm">
+      {budgets.map((b) => {
+        const left = Math.max(0, b.maxLlmCalls - b.callsUsed);
+        const pct = b.maxLlmCalls ? Math.min(100, (100 * b.callsUsed) / b.maxLlmCalls) : 0;
+        return (
+          <li key={b.tree}>
+            <div className="flex justify-between text-slate-200">
+              <span>
+                LLM calls {b.callsUsed} used · {b.maxLlmCalls ? `${left} left` : "no limit known"}
+              </span>
+              <span>
+                {b.tokensUsed} tok · {cost(b.costUsed)}
+              </span>
+            </div>
+            <meter
+              className="h-2 w-full"
+              aria-label="LLM calls used"
+              min={0}
+              max={b.maxLlmCalls || 1}
+              value={b.callsUsed}
+              title={`${pct.toFixed(0)}% of the tree's LLM calls used`}
+            />
+          </li>
+        );
+      })}
+    </ul>
+  );
+}
+
+export function ExecutionPanel({ view }: { view: ViewModel }) {
+  const live = view.runOrder.map((id) => view.runs[id]).filter((r) => r?.liveStdout);
+  return (
+    <div className="flex flex-col gap-3 p-3">
+      <section aria-label="Code cells">
+        <h3 className="mb-2 font-semibold">Cells ({view.cellOrder.length})</h3>
+        <ol className="flex flex-col gap-2">
+          {view.cellOrder.map((key) => {
+            const cell = view.cells[key];
+            if (!cell) return null;
+            const run = view.runs[cell.run];
+            return (
+              <li
+                key={key}
+                className="rounded border border-slate-700 bg-slate-900"
+                data-cell={key}
+              >
+                <div className="border-b border-slate-700 px-2 py-1 text-xs text-slate-300">
+                  {run?.depth ? `child run depth ${run.depth}` : "root run"}
+                  {cell.iteration != null ? ` · iteration ${cell.iteration}` : ""}
+                  {cell.durationMs ? ` · ${ms(cell.durationMs)}` : ""}
+                </div>
+                <pre className="overflow-x-auto p-2 text-sm text-emerald-200">{cell.code}</pre>
+                {cell.stdout ? (
+                  <pre className="overflow-x-auto border-t border-slate-700 p-2 text-sm text-slate-100">
+                    {cell.stdout}
+                  </pre>
+                ) : null}
+                {cell.error ? (
+                  <pre className="overflow-x-auto border-t border-red-800 p-2 text-sm text-red-300">
+                    {cell.error}
+                  </pre>
+                ) : null}
+                {cell.final != null ? (
+                  <div className="border-t border-slate-700 p-2 text-sm text-amber-200">
+                    SUBMIT → {JSON.stringify(cell.final)}
+                  </div>
+                ) : null}
+              </li>
+            );
+          })}
+          {live.map((run) => (
+            <li key={`live:${run?.id}`} className="rounded border border-sky-700 bg-slate-900">
+              <div className="px-2 py-1 text-xs text-sky-200">running…</div>
+              <pre className="p-2 text-sm">{run?.liveStdout}</pre>
+            </li>
+          ))}
+        </ol>
+      </section>
+      <section aria-label="LLM calls">
+        <h3 className="mb-2 font-semibold">LLM calls ({view.llmOrder.length})</h3>
+        <table className="w-full text-left text-sm">
+          <thead className="text-slate-300">
+            <tr>
+              <th className="font-normal">role</th>
+              <th className="font-normal">model</th>
+              <th className="font-normal">tokens in/out</th>
+              <th className="font-normal">cost</th>
+              <th className="font-normal">latency</th>
+            </tr>
+          </thead>
+          <tbody>
+            {view.llmOrder.map((key) => {
+              const c = view.llmCalls[key];
+              if (!c) return null;
+              return (
+                <tr key={key} className={c.error ? "text-red-300" : ""}>
+                  <td>{c.role}</td>
+                  <td>{c.model}</td>
+                  <td>
+                    {c.promptTokens}/{c.completionTokens}
+                  </td>
+                  <td>{cost(c.cost)}</td>
+                  <td>
+                    {ms(c.latencyMs)}
+                    {c.cached ? " (cached)" : ""}
+                    {c.error ? ` · ${c.error}` : ""}
+                  </td>
+                </tr>
+              );
+            })}
+          </tbody>
+        </table>
+      </section>
+      {Object.keys(view.tools).length ? (
+        <section aria-label="Tool calls">
+          <h3 className="mb-2 font-semibold">Tool calls</h3>
+          <ul className="text-sm">
+            {Object.values(view.tools).map((t) => (
+              <li key={t.callId}>
+                {t.tool}({JSON.stringify(t.args)}) →{" "}
+                {t.done ? (t.error ? `error: ${t.error}` : JSON.stringify(t.result)) : "…"}
+              </li>
+            ))}
+          </ul>
+        </section>
+      ) : null}
+    </div>
+  );
+}

@@ -1,0 +1,104 @@
+// The recursive trace tree twice over: an ARIA tree (the keyboard and screen-reader view) and
+// an @xyflow/react graph of the same visible rows. Collapsing a branch hides it from both.
+import { Background, type Edge, type Node, ReactFlow } from "@xyflow/react";
+import "@xyflow/react/dist/style.css";
+import { useMemo, useState } from "react";
+import { buildTree, treeKey, visibleRows } from "../model/tree";
+import type { ViewModel } from "../model/view";
+
+const TONE: Record<string, string> = {
+  completed: "#34d399",
+  running: "#38bdf8",
+  requested: "#38bdf8",
+  parked: "#fbbf24",
+  failed: "#f87171",
+  cancelled: "#fca5a5",
+  refused: "#f87171",
+};
+
+export function TraceTree({ view }: { view: ViewModel }) {
+  const roots = useMemo(() => buildTree(view), [view]);
+  const [collapsed, setCollapsed] = useState<Set<string>>(new Set());
+  const [focused, setFocused] = useState<string | null>(null);
+  const rows = useMemo(() => visibleRows(roots, collapsed), [roots, collapsed]);
+  const toggle = (id: string) =>
+    setCollapsed((c) => {
+      const next = new Set(c);
+      if (next.has(id)) next.delete(id);
+      else next.add(id);
+      return next;
+    });
+  const { nodes, edges } = useMemo(() => {
+    const nodes: Node[] = rows.map((row, i) => ({
+      id: row.node.id,
+      position: { x: row.depth * 60, y: i * 44 },
+      data: { label: row.node.label },
+      style: {
+        borderColor: TONE[row.node.status] ?? "#94a3b8",
+        background: "#0f172a",
+        color: "#f1f5f9",
+        width: 260,
+        fontSize: 12,
+        outline: row.node.id === focused ? "2px solid #fbbf24" : undefined,
+      },
+      sourcePosition: "bottom" as Node["sourcePosition"],
+      targetPosition: "left" as Node["targetPosition"],
+    }));
+    const edges: Edge[] = rows
+      .filter((r) => r.parent)
+      .map((r) => ({ id: `${r.parent}->${r.node.id}`, source: r.parent ?? "", target: r.node.id }));
+    return { nodes, edges };
+  }, [rows, focused]);
+
+  if (rows.length === 0) return <p className="p-3 text-slate-300">No runs yet.</p>;
+  const current = focused ?? rows[0]?.node.id ?? null;
+  return (
+    <div className="flex h-full flex-col gap-2 p-3">
+      <div
+        role="tree"
+        aria-label="Trace tree"
+        tabIndex={0}
+        aria-activedescendant={current ? `tree-${current}` : undefined}
+        className="max-h-72 overflow-auto rounded border border-slate-700 text-sm"
+        onKeyDown={(e) => {
+          const move = treeKey(rows, current, e.key);
+          if (move.focus === current && !move.toggle && !e.key.startsWith("Arrow")) return;
+          e.preventDefault();
+          if (move.toggle) toggle(move.toggle);
+          setFocused(move.focus);
+        }}
+      >
+        {rows.map((row) => (
+          <div
+            key={row.node.id}
+            id={`tree-${row.node.id}`}
+            role="treeitem"
+            tabIndex={-1}
+            aria-level={row.depth + 1}
+            aria-expanded={row.node.children.length ? row.expanded : undefined}
+            aria-selected={row.node.id === current}
+            className={`flex cursor-pointer gap-2 px-2 py-0.5 ${row.node.id === current ? "bg-slate-700" : ""}`}
+            style={{ paddingLeft: `${row.depth * 16 + 8}px` }}
+            onClick={() => {
+              setFocused(row.node.id);
+              if (row.node.children.length) toggle(row.node.id);
+            }}
+            onKeyDown={() => {}}
+          >
+            <span aria-hidden="true" className="w-3">
+              {row.node.children.length ? (row.expanded ? "▾" : "▸") : ""}
+            </span>
+            <span className="text-slate-300">{row.node.kind}</span>
+            <span>{row.node.label}</span>
+            <span style={{ color: TONE[row.node.status] }}>{row.node.status}</span>
+          </div>
+        ))}
+      </div>
+      <div className="h-96 rounded border border-slate-700" aria-hidden="true">
+        <ReactFlow nodes={nodes} edges={edges} fitView nodesDraggable={false} colorMode="dark">
+          <Background />
+        </ReactFlow>
+      </div>
+    </div>
+  );
+}

@@ -4,7 +4,11 @@
 
 1. Append: `EventStore.append` (encode, chain hash, optimistic concurrency, dedup id) vs raw
    `js.publish` of pre-encoded bytes with the same headers. Goal: throughput >= 0.75x.
-2. Restore of a 10,000-event session (ordered replay + decode + fold) vs a raw ordered read of
+2. Signed vs unsigned: `EventStore.append` with a service's Ed25519 key beside the same store
+   with none (one writer, then 16 concurrent). Goal: signed throughput >= 0.9x unsigned.
+3. Verify of a signed 10,000-event session against the pinned key set: on the server
+   (`EventStore.verify`) and offline from its export (`verify_export`). Goal: <= 2 s.
+4. Restore of a 10,000-event session (ordered replay + decode + fold) vs a raw ordered read of
    the same messages with no decoding (the store's batched direct gets, the fastest raw read we
    have; an ordered push consumer's raw read is printed for reference). Goal: <= 2x.
 """
@@ -13,6 +17,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
@@ -30,11 +35,12 @@ from fleet_events.session import (
     run_subject,
     session_filter,
 )
+from fleet_events.signing import KeySet, Signer
 from fleet_harness.bench import report, side_by_side
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.store import EMPTY, EventStore, Head, StoredEvent, open_store
+from fleet_mesh.store import EMPTY, EventStore, Head, StoredEvent, open_store, verify_export
 
 ACTOR = Actor(service="bench", replica="b-0")
 
@@ -153,6 +159,92 @@ async def bench_append(js: JetStreamContext, store: EventStore, samples: int) ->
     )
 
 
+async def bench_signing(js: JetStreamContext, samples: int, events: int) -> None:
+    key = Signer.generate("bench")
+    keys = KeySet.of([key])
+    unsigned = await open_store(js, streams.SESSIONS, signer=None)
+    signed = await open_store(js, streams.SESSIONS, signer=key)
+    heads = {"unsigned": EMPTY, "signed": EMPTY}
+    subjects = {name: log_subject("bench", new_id()) for name in heads}
+
+    def appender(name: str, store: EventStore) -> Callable[[], Awaitable[None]]:
+        subject = subjects[name]
+        session = subject.split(".")[3]
+
+        async def one() -> None:
+            event = envelope(TurnRequested(message="hello " * 20), session)
+            heads[name] = (await store.append(subject, event, expect=heads[name])).head
+
+        return one
+
+    base, proj = await side_by_side(
+        appender("unsigned", unsigned), appender("signed", signed), samples=samples, warmup=50
+    )
+    report(
+        "append signed vs unsigned, one writer (latency; throughput = 1/mean)",
+        base,
+        proj,
+        goal="signed throughput >= 0.9x unsigned",
+        unit="append",
+    )
+    print(f"   throughput ratio signed/unsigned = {base.mean_ms / proj.mean_ms:.2f}x")
+    sign_us = _per_call_us(lambda: key.sign_append("fleet.session.b.s.log", "a" * 64))
+    sig = key.sign_append("fleet.session.b.s.log", "a" * 64)
+    check_us = _per_call_us(
+        lambda: keys.append_problem("fleet.session.b.s.log", "a" * 64, key.key_id, sig)
+    )
+    print(f"   cost per append: sign {sign_us:.1f} us, verify {check_us:.1f} us")
+
+    writers, per_writer = 16, max(50, samples // 16)
+
+    async def rate(store: EventStore) -> float:
+        async def writer() -> None:
+            session = new_id()
+            subject, h = log_subject("bench", session), EMPTY
+            for _ in range(per_writer):
+                event = envelope(TurnRequested(message="x"), session)
+                h = (await store.append(subject, event, expect=h)).head
+
+        start = time.perf_counter()
+        await asyncio.gather(*(writer() for _ in range(writers)))
+        return writers * per_writer / (time.perf_counter() - start)
+
+    plain, signed_rates = [], []
+    for _ in range(3):
+        plain.append(await rate(unsigned))
+        signed_rates.append(await rate(signed))
+    p, q = max(plain), max(signed_rates)
+    print(
+        f"== append signed vs unsigned, {writers} concurrent writers\n   unsigned {p:,.0f}/s   "
+        f"signed {q:,.0f}/s   ratio {q / p:.2f}x   goal: >= 0.9x"
+    )
+
+    session = await seed_session(signed, events)
+    filt = session_filter("bench", session)
+    start = time.perf_counter()
+    online = await signed.verify(filt, keys=keys)
+    online_s = time.perf_counter() - start
+    lines = [line async for line in signed.export(filt, keys=keys)]
+    start = time.perf_counter()
+    offline = verify_export(lines, keys=keys)
+    offline_s = time.perf_counter() - start
+    assert online.ok, online
+    assert offline.ok, offline
+    assert offline.checked == events
+    print(
+        f"== verify of a signed {events:,}-event session against pinned keys\n"
+        f"   on the server {online_s:.2f} s   offline from its export {offline_s:.2f} s   "
+        "goal: <= 2 s"
+    )
+
+
+def _per_call_us(call: Callable[[], object], n: int = 2000) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        call()
+    return (time.perf_counter() - start) / n * 1e6
+
+
 async def seed_session(store: EventStore, events: int) -> str:
     session = new_id()
     log, run = log_subject("bench", session), run_subject("bench", session, "root")
@@ -248,6 +340,7 @@ async def main() -> None:
                 f"nats-server {nc.connected_server_version} (sync_interval {server.sync_interval})"
             )
             await bench_append(js, store, args.appends)
+            await bench_signing(js, args.appends, args.events)
             await bench_restore(js, store, args.events, args.restores)
             await nc.close()
         finally:

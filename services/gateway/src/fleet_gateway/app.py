@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from nats.aio.client import Client
 
 from fleet_events.asyncapi import asyncapi
-from fleet_gateway import components, errors
+from fleet_gateway import components, errors, ui
 from fleet_gateway.auth import Authenticator
 from fleet_gateway.config import GatewaySettings
 from fleet_gateway.limits import BodyLimit
@@ -108,6 +108,7 @@ def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
         generated from the same catalog both sides of every request are written against."""
         return JSONResponse(document)
 
+    ui.mount_ui(app, ui.default_dist())  # last: its catch-all must not shadow a route above
     return app
 
 

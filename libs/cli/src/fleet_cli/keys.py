@@ -8,11 +8,19 @@ only public keys, with `require_signatures: true`: a mesh started by `fleet up` 
 append, so an auditor pinning this file refuses any unsigned event.
 """
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Iterable
+import os
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
-from fleet_events.signing import APPEND, CHECKPOINT, SIGNING_KEY_ENV, KeySet, Signer
+from fleet_events import streams
+from fleet_events.signing import APPEND, CHECKPOINT, SIGNING_KEY_ENV, KeySet, Signer, SigningError
+from fleet_events.subjects import SERVICES
+from fleet_mesh.checkpoints import INTERVAL_ENV, Checkpointer, checkpoint_file
+from fleet_mesh.connection import connect
+from fleet_mesh.store import open_store
 
 KEYS_DIR = "keys"
 KEYSET_FILE = "keyset.json"
@@ -55,3 +63,44 @@ def signing_env(data_dir: Path, service: str) -> dict[str, str]:
         SIGNING_KEY_ENV: str(key_path(data_dir, service)),
         KEYSET_ENV: str(keys_dir(data_dir) / KEYSET_FILE),
     }
+
+
+CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_INTERVAL_S = 10.0
+
+
+@contextlib.asynccontextmanager
+async def checkpointing(
+    nats_url: str, data_dir: Path, stop: asyncio.Event, *, interval_s: float | None = None
+) -> AsyncIterator[Checkpointer]:
+    """The checkpointer as a role of `fleet up`'s own process, the one process that holds the
+    checkpoint key (no service is given it). Its file lives in `<data dir>/checkpoints`, out
+    of the NATS store; one that does not verify stops `fleet up` before any service starts."""
+    keys = ensure_keys(data_dir, SERVICES)
+    directory = (data_dir / CHECKPOINTS_DIR).resolve()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    signer = Signer.read(key_path(data_dir, CHECKPOINTER))
+    nc = await connect(nats_url, name="fleet-checkpointer")
+    try:
+        js = nc.jetstream()
+        store = await open_store(js, streams.SESSIONS, signer=None)
+        path = checkpoint_file(directory, streams.SESSIONS.name)
+        checkpointer = Checkpointer(store, streams.SESSIONS, signer, keys, path, js=js)
+        period = interval_s if interval_s is not None else _interval()
+        task = asyncio.create_task(checkpointer.run(period, stop))
+        try:
+            yield checkpointer
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await nc.close()
+
+
+def _interval() -> float:
+    value = os.environ.get(INTERVAL_ENV, str(CHECKPOINT_INTERVAL_S))
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise SigningError(f"{INTERVAL_ENV}={value!r} is not a number of seconds") from exc

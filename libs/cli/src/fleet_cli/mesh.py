@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fleet_cli.children import ChildSpec, ChildView
 from fleet_cli.identity import BadReplicas, replica_name
-from fleet_cli.keys import ensure_keys, signing_env
+from fleet_cli.keys import checkpointing, ensure_keys, signing_env
 from fleet_cli.supervisor import Supervisor
 from fleet_events.subjects import SERVICES
 from fleet_mesh.bootstrap import bootstrap
@@ -213,16 +213,17 @@ async def up(
             nats_url = options.join_url
             log.info("joining NATS at %s", nats_url)
         await run_bootstrap(nats_url)
-        extra_env = await before_services(nats_url, supervisor) if before_services else {}
-        specs = service_specs(options, nats_url)
-        for spec in specs:
-            spec.env.update(extra_env)
-        supervisor.launch(*specs)
-        state_file.write_text(
-            json.dumps({"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url})
-        )
-        on_started(nats_url)
-        await supervisor.watch(stop)
+        async with checkpointing(nats_url, options.data_dir, stop):
+            extra_env = await before_services(nats_url, supervisor) if before_services else {}
+            specs = service_specs(options, nats_url)
+            for spec in specs:
+                spec.env.update(extra_env)
+            supervisor.launch(*specs)
+            state_file.write_text(
+                json.dumps({"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url})
+            )
+            on_started(nats_url)
+            await supervisor.watch(stop)
     finally:
         await asyncio.to_thread(supervisor.stop)
         state_file.unlink(missing_ok=True)

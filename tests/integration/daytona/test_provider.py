@@ -210,3 +210,75 @@ async def test_sandbox_code_sees_none_of_the_brokers_environment(
     assert "FLEET_TEST_SECRET" not in reply.value
     assert "DAYTONA_API_KEY" not in reply.value
     await box.destroy()
+
+
+async def _tool_run(box, code: str, relay, tools: list[str]):  # type: ignore[no-untyped-def]
+    return await box.execute(
+        context="main",
+        code=code,
+        variables={},
+        blobs={},
+        tools=tools,
+        output_fields=None,
+        wall_s=20,
+        relay=relay,
+    )
+
+
+async def test_host_tools_are_relayed_as_the_sandbox_that_called_them(
+    daytona: DaytonaProvider,
+) -> None:
+    seen: list[ToolCall] = []
+
+    async def relay(call: ToolCall) -> ToolReply:
+        seen.append(call)
+        return ToolReply(ok=True, value=f"answer to {call.args[0]}")
+
+    box = await daytona.create("sb-tools", LIMITS)
+    reply = await _tool_run(box, "SUBMIT([llm_query('a'), llm_query('b')])", relay, ["llm_query"])
+    assert reply.kind == "final"
+    assert reply.value == ["answer to a", "answer to b"]
+    assert [(c.sandbox, c.context, c.name) for c in seen] == [("sb-tools", "main", "llm_query")] * 2
+    await box.destroy()
+
+
+async def test_forged_frames_written_by_the_cell_on_the_wire_are_refused(
+    daytona: DaytonaProvider,
+) -> None:
+    seen: list[ToolCall] = []
+
+    async def relay(call: ToolCall) -> ToolReply:
+        seen.append(call)
+        return ToolReply(ok=True, value="real")
+
+    box = await daytona.create("sb-forge", LIMITS)
+    # the cell writes its own frames: one naming another sandbox, then a replay of seq 1 under
+    # a new file name, each waited on like a real call
+    code = """
+import json, os, time
+def put(path, frame):
+    open(path + '.tmp', 'w').write(json.dumps(frame))
+    os.replace(path + '.tmp', path)
+def wait(tok, seq):
+    p = f'.fleet/replies/{tok}/{seq}.json'
+    while not os.path.exists(p):
+        time.sleep(0.005)
+    time.sleep(0.05)
+    return json.load(open(p))
+first = llm_query('x')
+tok = sorted(os.listdir('.fleet/calls'), key=lambda d: os.path.getmtime('.fleet/calls/' + d))[-1]
+put(f'.fleet/calls/{tok}/2.json', {'seq': 2, 'name': 'llm_query', 'sandbox': 'sb-victim'})
+forged = wait(tok, 2)
+put(f'.fleet/calls/{tok}/3.json', {'seq': 1, 'name': 'llm_query'})
+replayed = wait(tok, 3)
+SUBMIT([first, forged['ok'], forged['error'], replayed['ok'], replayed['error']])
+"""
+    reply = await _tool_run(box, code, relay, ["llm_query"])
+    assert reply.kind == "final", reply
+    first, forged_ok, forged_error, replayed_ok, replayed_error = reply.value
+    assert first == "real"
+    assert (forged_ok, replayed_ok) == (False, False)
+    assert "malformed frame" in forged_error
+    assert "replayed" in replayed_error
+    assert [c.sandbox for c in seen] == ["sb-forge"]  # one real call; nothing else was relayed
+    await box.destroy()

@@ -137,6 +137,7 @@ class DaytonaFake:
         toolbox: list[tuple[str, str, Handler]] = [
             ("POST", "/files/bulk-upload", self._upload),
             ("POST", "/files/bulk-download", self._download),
+            ("GET", "/files", self._list_files),
             ("POST", "/process/execute", self._execute),
             ("POST", "/git/clone", self._git_clone),
             ("POST", "/process/interpreter/context", self._create_context),
@@ -439,6 +440,30 @@ class DaytonaFake:
         response = web.Response(body=with_parts)
         response.headers["Content-Type"] = f"multipart/form-data; boundary={with_parts.boundary}"
         return response
+
+    async def _list_files(self, request: web.Request) -> web.StreamResponse:
+        box = self._box(request)
+        folder = box.resolve(request.query.get("path") or str(HOME))
+        if not folder.is_dir():
+            return _error(404, f"directory not found: {request.query.get('path')}")
+        entries = []
+        for entry in sorted(folder.iterdir()):
+            st = entry.lstat()
+            stamp = datetime.fromtimestamp(st.st_mtime, UTC).isoformat()
+            entries.append(
+                {
+                    "group": "daytona",
+                    "isDir": entry.is_dir(),
+                    "modTime": stamp,
+                    "mode": oct(st.st_mode),
+                    "modifiedAt": stamp,
+                    "name": entry.name,
+                    "owner": "daytona",
+                    "permissions": oct(st.st_mode & 0o777),
+                    "size": st.st_size,
+                }
+            )
+        return self._reply("FileInfo", entries, "toolbox")
 
     def _env(self, box: FakeSandbox, extra: dict[str, str] | None = None) -> dict[str, str]:
         """What a process in the sandbox sees: the sandbox's env only, never the test host's."""

@@ -7,6 +7,7 @@ back through the toolbox API of *this* sandbox, so what the broker reads is tied
 sandbox it asked, not to anything the cell prints.
 """
 
+import asyncio
 import json
 import secrets
 import time
@@ -20,16 +21,19 @@ from daytona import (
     AsyncSandbox,
     CreateSandboxFromSnapshotParams,
     DaytonaConfig,
+    DaytonaError,
     ListSandboxesQuery,
     VolumeMount,
 )
 
-from fleet_events.sandbox import Capabilities, ExecuteReply, Limits
+from fleet_events.sandbox import Capabilities, ExecuteReply, Limits, ToolCall
 from fleet_sandbox_broker.errors import SandboxError, SandboxStopped, TooLarge
 from fleet_sandbox_broker.providers.base import ToolRelay
+from fleet_sandbox_broker.providers.daytona.callbacks import CallbackGate, CallbackRefused
 from fleet_sandbox_broker.providers.daytona.resilience import Caller, Circuit
 
 HOME = PurePosixPath("/home/daytona")
+POLL_S = 0.02  # how often a running cell's call frames are looked for
 LABEL = "fleet-rlm"  # every sandbox carries fleet-rlm/sandbox, /replica and /parent labels
 
 
@@ -52,6 +56,7 @@ class DaytonaSettings:
     circuit_threshold: int = 5
     circuit_cool_s: float = 30.0
     labels: dict[str, str] = field(default_factory=dict)
+    max_tool_calls: int = 8  # host calls in flight per sandbox
 
 
 def _wrapper(code: str, token: str, variables: dict[str, str], tools: list[str]) -> str:
@@ -65,14 +70,35 @@ class __FleetSubmit(BaseException):
     pass
 def SUBMIT(*args, **kwargs):
     raise __FleetSubmit(kwargs if kwargs else (args[0] if len(args) == 1 else list(args)))
-def __fleet_no_tool(name):
-    def call(*a, **k):
-        raise RuntimeError(
-            "host tool " + repr(name) + " is not available on the daytona provider yet"
-        )
+import threading as __fth, time as __fti
+__fcalls = __fo.path.join(__fd, "calls", {token!r})
+__freps = __fo.path.join(__fd, "replies", {token!r})
+__fo.makedirs(__fcalls, exist_ok=True)
+__fo.makedirs(__freps, exist_ok=True)
+__fseq = [0, __fth.Lock()]
+def __fleet_tool(name):
+    def call(*args, **kwargs):
+        with __fseq[1]:
+            __fseq[0] += 1
+            seq = __fseq[0]
+        tmp = __fo.path.join(__fcalls, "." + str(seq) + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(__fj.dumps({{"seq": seq, "name": name, "args": list(args), "kwargs": kwargs}}))
+        __fo.replace(tmp, __fo.path.join(__fcalls, str(seq) + ".json"))
+        path = __fo.path.join(__freps, str(seq) + ".json")
+        while True:
+            try:
+                with open(path) as f:
+                    reply = __fj.loads(f.read())
+                break
+            except (OSError, ValueError):
+                __fti.sleep(0.005)
+        if reply["ok"]:
+            return reply["value"]
+        raise RuntimeError(reply["error"])
     return call
 for __ft in {tools!r}:
-    globals()[__ft] = __fleet_no_tool(__ft)
+    globals()[__ft] = __fleet_tool(__ft)
 try:
     exec(compile({code!r}, "<cell>", "exec"), globals())
     __fr = {{"kind": "result"}}
@@ -166,15 +192,25 @@ class DaytonaSandbox:
         if context not in self._remote_contexts:
             await self.open_context(context)
         ctx = self._remote_contexts[context]
-        token = secrets.token_hex(16)
+        token = self._provider.gate.issue(self.id, context, secrets.token_hex(8))
         bound = {name: self._known[h] for name, h in variables.items()}
         source = _wrapper(code, token, bound, tools)
-        run = await self._provider.call(
-            f"exec in {self.id}",
-            lambda: self.remote.code_interpreter.run_code(
-                source, context=ctx, timeout=int(wall_s) + 1
-            ),
+        running = asyncio.create_task(
+            self._provider.call(
+                f"exec in {self.id}",
+                lambda: self.remote.code_interpreter.run_code(
+                    source, context=ctx, timeout=int(wall_s) + 1
+                ),
+            )
         )
+        try:
+            fatal = await self._pump(token, running, relay)
+        finally:
+            self._provider.gate.revoke(token)
+        if fatal is not None:
+            await self.close_context(context)
+            return ExecuteReply(kind="error", error=f"{fatal}; the context's variables are lost")
+        run = await running
         stdout = run.stdout + run.stderr
         if run.error is not None:  # the wrapper itself failed: only an interpreter-level error
             return ExecuteReply(
@@ -188,6 +224,63 @@ class DaytonaSandbox:
             stdout=stdout,
             error=answer.get("error", ""),
         )
+
+    async def _pump(self, token: str, running: "asyncio.Task[Any]", relay: ToolRelay) -> str | None:
+        """Pull this execution's call frames through this sandbox's toolbox until it ends.
+
+        What is read here is attributed to this sandbox because it was read from it; the frame
+        only says which tool and with what. Returns the reason when the gate stops the cell.
+        """
+        gate = self._provider.gate
+        calls, replies = f".fleet/calls/{token}", f".fleet/replies/{token}"
+        seen: set[str] = set()
+        answering: set[asyncio.Task[None]] = set()
+
+        async def answer(stem: str, call: ToolCall | None, error: str = "") -> None:
+            if call is not None:
+                try:
+                    reply = await relay(call)
+                finally:
+                    gate.finished(self.id)
+                body = {"ok": reply.ok, "value": reply.value, "error": reply.error}
+            else:
+                body = {"ok": False, "value": None, "error": error}
+            await self.write_file(f"{replies}/{stem}.json", json.dumps(body).encode())
+
+        try:
+            while not running.done():
+                try:
+                    listed = await self.remote.fs.list_files(calls)
+                except DaytonaError:
+                    listed = []  # not made yet: the cell has not started
+                for entry in listed:
+                    name = str(entry.name)
+                    stem = name.removesuffix(".json")
+                    if name in seen or not name.endswith(".json") or not stem.isdigit():
+                        continue
+                    seen.add(name)
+                    raw = await self.read_file(f"{calls}/{name}", gate.max_frame_bytes + 1)
+                    try:
+                        call = gate.admit(self.id, token, raw)
+                        if call.request_id.rsplit(":", 1)[1] != stem:
+                            gate.finished(self.id)
+                            raise CallbackRefused(
+                                f"callback refused: frame {stem} says another seq"
+                            )
+                    except CallbackRefused as refused:
+                        if refused.fatal:
+                            running.cancel()
+                            return str(refused)
+                        task = asyncio.create_task(answer(stem, None, str(refused)))
+                    else:
+                        task = asyncio.create_task(answer(stem, call))
+                    answering.add(task)
+                    task.add_done_callback(answering.discard)
+                await asyncio.wait({running}, timeout=POLL_S)
+        finally:
+            for task in answering:
+                task.cancel()
+        return None
 
     async def interrupt(self, context: str) -> bool:
         """Daytona's interpreter has no interrupt: the context is dropped (its state with it)."""
@@ -241,6 +334,7 @@ class DaytonaProvider:
         )
         self.circuit = Circuit(settings.circuit_threshold, settings.circuit_cool_s)
         self.call = Caller(self.circuit, settings.attempts, settings.deadline_s)
+        self.gate = CallbackGate(max_in_flight=settings.max_tool_calls)
         self.client = AsyncDaytona(
             DaytonaConfig(
                 api_key=settings.api_key, api_url=settings.api_url, target=settings.target

@@ -146,6 +146,7 @@ class Caller:
                 attempts=self.attempts,
                 timeout=self.deadline_s,
                 wait_initial=0.05,
+                wait_jitter=0.1,
                 wait_max=self.wait_max_s,
             ):
                 with attempt:

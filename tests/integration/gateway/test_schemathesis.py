@@ -25,6 +25,7 @@ from fleet_gateway.auth import issue_token, signing_secret
 from fleet_harness.procs import Replica, start_answering
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.natsserver import NatsServer, free_port
+from fleet_mesh.secrets import ensure_keypair
 
 EXAMPLES = 25
 CHECKS = [
@@ -38,6 +39,25 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def gateway(nats_server: NatsServer, tmp_path: Path) -> Any:
+    # the routes that ask the broker and the agent (sandboxes, runtime) need them answering,
+    # else every such answer is an honest 503 the fuzz would count as a server error
+    owners: list[Replica] = [
+        start_answering(
+            "sandbox-broker", nats_server.url, tmp_path / "broker.log",
+            {
+                "FLEET_SANDBOX_ROOT": str(tmp_path / "sandboxes"),
+                "FLEET_SANDBOX_VOLUMES": str(tmp_path / "volumes"),
+                "FLEET_SANDBOX_UID_BASE": "360000", "FLEET_SANDBOX_UID_COUNT": "256",
+            },
+        ),
+        start_answering(
+            "agent", nats_server.url, tmp_path / "agent.log",
+            {
+                "FLEET_SECRETS_KEY": str(ensure_keypair(tmp_path / "secrets").private),
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            },
+        ),
+    ]  # fmt: skip
     port = free_port()
     data_dir = tmp_path / "gw"
     replica: Replica = start_answering(
@@ -58,6 +78,8 @@ def gateway(nats_server: NatsServer, tmp_path: Path) -> Any:
     )
     yield url, data_dir
     replica.stop()
+    for owner in owners:
+        owner.stop()
 
 
 def test_every_operation_answers_as_its_schema_says_for_two_tenants(gateway: Any) -> None:

@@ -11,6 +11,7 @@ from fleet_agent.chat.runner import chat_runner
 from fleet_agent.config import AgentSettings, BadAgentSetting, load_settings
 from fleet_agent.dispatcher import Dispatcher
 from fleet_agent.engine.runner import engine_runner
+from fleet_agent.profiles import open_stores, register_agent_verbs
 from fleet_agent.runners import EchoRunner, ScriptedRunner, TurnRunner
 from fleet_agent.turn_log import TurnLog
 from fleet_agent.worker import TurnWorker
@@ -18,6 +19,7 @@ from fleet_events import streams
 from fleet_events.codec import Codec
 from fleet_mesh import service
 from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.secrets import private_key_from_env
 from fleet_mesh.store import open_store
 from fleet_mesh.work import WorkConsumer
 
@@ -55,6 +57,12 @@ async def setup(ctx: service.ServiceContext, settings: AgentSettings | None = No
     )  # fmt: skip
     await turns.start()
     await dispatch.start()
+    # agent.status / agent.test_lm (the gateway's runtime routes) need the secrets reader; a
+    # replica without the key runs turns on the echo/scripted runners and says why it does not
+    if private_key_from_env() is not None:
+        await register_agent_verbs(ctx, await open_stores(ctx))
+    else:
+        ctx.log.warning("agent.status and agent.test_lm not served: FLEET_SECRETS_KEY is unset")
 
     async def stop() -> None:
         await dispatch.stop()

@@ -128,6 +128,10 @@ async def _ask_agent(request: Request, verb: Any, req: Any, timeout: float) -> A
             503, "agent_unavailable", "no agent is running to answer: start one and retry"
         ) from None
     except rpc.RemoteError as exc:
+        if exc.code == "bad_request":  # what the caller sent (a cursor, a name) was refused
+            raise ApiError(
+                422, "invalid_request", f"the agent refused the request: {exc.message[:300]}"
+            ) from None
         raise ApiError(
             502, f"agent_{exc.code}", f"the agent refused: {exc.message[:300]}"
         ) from None

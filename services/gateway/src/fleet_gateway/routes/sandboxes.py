@@ -124,6 +124,10 @@ async def _ask(request: Request, verb: Any, req: Any, timeout: float, target: st
             503, "broker_unavailable", "no sandbox broker is running: start one and retry"
         ) from None
     except rpc.RemoteError as exc:
+        if exc.code == "bad_request":  # what the caller sent (a cursor, a name) was refused
+            raise ApiError(
+                422, "invalid_request", f"the broker refused the request: {exc.message[:300]}"
+            ) from None
         if exc.code == "not_found" and target is not None:
             raise _sandbox_not_found(target) from None
         raise ApiError(

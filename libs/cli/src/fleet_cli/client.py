@@ -1,9 +1,10 @@
 """The CLI's only way into a mesh: the gateway's HTTP routes and its WebSocket, never the bus,
 so `fleet run` against a remote mesh behaves exactly as against the local one."""
 
+import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,43 +148,112 @@ class Gateway:
         mode: str = "auto",
         session: str | None = None,
         on_frame: Callable[[dict[str, Any]], None] = lambda _: None,
+        cancel: asyncio.Event | None = None,
+        resumes: int = 5,
     ) -> TurnResult:
         """Send one message over `/ws/execution` and read until that turn ends. The turn id is
         made here, so a resent frame stores once and the ending is told apart from any other
-        turn's events on the same session."""
+        turn's events on the same session. `cancel` set sends a cancel frame for the turn. A
+        dropped socket does not stop the turn on the mesh: the rest is read from the passive
+        socket after the last sequence seen (at most `resumes` times)."""
         session = session or new_id()
         turn = new_id()
         result = TurnResult(session, turn, "failed")
-        async with self.socket("/api/v1/ws/execution", session_id=session) as ws:
-            frame = {
-                "type": "message", "session_id": session, "turn_id": turn,
-                "content": message, "execution_mode": mode,
-            }  # fmt: skip
-            await ws.send(json.dumps(frame))
+        cancel = cancel or asyncio.Event()
+        last_seq = 0
+        accepted = False
+        frame = {
+            "type": "message", "session_id": session, "turn_id": turn,
+            "content": message, "execution_mode": mode,
+        }  # fmt: skip
+        for attempt in range(resumes + 1):
+            if attempt == 0:
+                path, query = "/api/v1/ws/execution", {"session_id": session}
+            else:
+                path = "/api/v1/ws/execution/events"
+                query = {"session_id": session, "after_seq": str(last_seq)}
             try:
-                async for raw in ws:
-                    item = json.loads(raw)
-                    on_frame(item)
-                    if item.get("type") == "error":
-                        result.error = f"{item.get('code')}: {item.get('message')}"
-                        return result
-                    if item.get("type") != "event":
-                        continue
-                    envelope = item.get("event") or {}
-                    if envelope.get("turn") != turn:
-                        continue
-                    result.events.append(item)
-                    data = envelope.get("data") or {}
-                    ending = ENDINGS.get(str(data.get("type")))
-                    if ending is None:
-                        continue
-                    result.status = ending
-                    result.answer = str(data.get("answer", data.get("partial", "")))
-                    result.error = str(data.get("error") or data.get("message") or "")
-                    return result
+                async with self.socket(path, **query) as ws:
+                    if attempt == 0:
+                        await ws.send(json.dumps(frame))
+                    send = self._cancel_over(ws if attempt == 0 else None, session, turn)
+                    async for item in _frames(ws, cancel, send):
+                        on_frame(item)
+                        accepted = accepted or item.get("type") in ("accepted", "event")
+                        if item.get("type") == "error":
+                            result.error = f"{item.get('code')}: {item.get('message')}"
+                            return result
+                        if item.get("type") != "event":
+                            continue
+                        last_seq = max(last_seq, int(item.get("seq") or 0))
+                        if _ended(item, turn, result):
+                            return result
             except ConnectionClosed as exc:
-                raise ClientError(
-                    f"the gateway closed the socket before turn {turn} ended ({exc}); the "
-                    f"turn runs on: `fleet sessions show {session}`"
-                ) from None
-        raise ClientError(f"the socket ended before turn {turn} of session {session} ended")
+                if not accepted:  # the turn may not exist: waiting for it could be forever
+                    raise ClientError(
+                        f"the gateway closed the socket before it accepted the message ({exc})"
+                    ) from None
+                on_frame({"type": "dropped", "reason": str(exc), "after_seq": last_seq})
+                continue
+        raise ClientError(
+            f"the socket kept dropping before turn {turn} ended; the turn runs on: "
+            f"`fleet sessions show {session}`"
+        )
+
+    def _cancel_over(
+        self, ws: ClientConnection | None, session: str, turn: str
+    ) -> Callable[[], Awaitable[None]]:
+        """A cancel frame on the execution socket; the passive socket takes no frames, so
+        after a resume the cancel goes by the HTTP route."""
+
+        async def send() -> None:
+            if ws is not None:
+                await ws.send(
+                    json.dumps({"type": "cancel", "session_id": session, "turn_id": turn})
+                )
+            else:
+                await self.answer(
+                    "POST",
+                    f"/api/v1/sessions/{session}/cancel",
+                    json={"turn": turn, "reason": "cancelled at the terminal"},
+                )
+
+        return send
+
+
+async def _frames(
+    ws: ClientConnection, cancel: asyncio.Event, send_cancel: Callable[[], Awaitable[None]]
+) -> AsyncIterator[dict[str, Any]]:
+    """The socket's frames; once `cancel` is set, `send_cancel` runs once and reading goes on
+    until the turn's own ending (cancelled, or completed if it won the race)."""
+    sent = False
+    while True:
+        receive = asyncio.ensure_future(ws.recv())
+        if not sent:
+            stop = asyncio.ensure_future(cancel.wait())
+            done, _ = await asyncio.wait({receive, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if stop in done:
+                sent = True
+                await send_cancel()
+            else:
+                stop.cancel()
+        try:
+            raw = await receive
+        finally:
+            receive.cancel()
+        yield json.loads(raw)
+
+
+def _ended(item: dict[str, Any], turn: str, result: TurnResult) -> bool:
+    envelope = item.get("event") or {}
+    if envelope.get("turn") != turn:
+        return False
+    result.events.append(item)
+    data = envelope.get("data") or {}
+    ending = ENDINGS.get(str(data.get("type")))
+    if ending is None:
+        return False
+    result.status = ending
+    result.answer = str(data.get("answer", data.get("partial", "")))
+    result.error = str(data.get("error") or data.get("message") or data.get("reason") or "")
+    return True

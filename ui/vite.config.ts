@@ -12,5 +12,9 @@ export default defineConfig({
   // One bundle (~540 kB, 175 kB gzipped) for a tool served from the same host; splitting it
   // buys little until the Settings and Volumes screens arrive.
   build: { outDir: "dist", sourcemap: true, chunkSizeWarningLimit: 800 },
-  test: { environment: "node", include: ["src/**/*.test.ts", "src/**/*.test.tsx"] },
+  test: {
+    environment: "node",
+    include: ["src/**/*.test.ts", "src/**/*.test.tsx"],
+    benchmark: { include: ["bench/**/*.bench.ts"] },
+  },
 });

@@ -11,6 +11,7 @@ from fleet_mesh.store import EventStore
 from fleet_sandbox_broker import lifecycle
 from fleet_sandbox_broker.broker import Broker
 from fleet_sandbox_broker.config import BrokerSettings
+from fleet_sandbox_broker.providers.base import Provider
 from fleet_sandbox_broker.providers.local import LocalProvider, LocalSettings
 from fleet_sandbox_broker.providers.uids import sweep_orphans
 from fleet_sandbox_broker.subscribers import Routes
@@ -19,27 +20,7 @@ from fleet_sandbox_broker.view import SandboxesView
 
 async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = None) -> Broker:
     settings = settings or BrokerSettings()
-    swept = await asyncio.to_thread(
-        sweep_orphans, settings.uid_locks, settings.uid_base, settings.uid_count
-    )
-    if swept:
-        ctx.log.warning("killed processes left by a dead broker", extra={"uids": swept})
-    provider = LocalProvider(
-        LocalSettings(
-            root=settings.root,
-            python=settings.python,
-            uid_base=settings.uid_base,
-            uid_count=settings.uid_count,
-            max_frame=settings.max_frame_bytes,
-            output_cap=settings.output_cap_chars,
-            show=settings.show,
-            hide=settings.hide,
-            uid_locks=settings.uid_locks,
-            max_tool_calls=settings.max_tool_calls,
-            max_inodes=settings.max_inodes,
-            inode_check_s=settings.inode_check_s,
-        )
-    )
+    provider = await _provider(ctx, settings)
     blobs = await JetStreamBlobs.open(ctx.js)
     store = EventStore(ctx.js, streams.SANDBOXES, Codec(blobs))
     config = await RuntimeConfig.open(ctx.js)
@@ -63,6 +44,54 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
     ctx.on_stop.append(stop)
     ctx.ping_details = lambda: {"sandboxes": len(broker.held), "warm": broker.pool.ready}
     return broker
+
+
+async def _provider(ctx: service.ServiceContext, settings: BrokerSettings) -> Provider:
+    """The deployment's provider; only the chosen one is built (the Daytona SDK is not even
+    imported for `local`: it reads `.env` and raises without a key at construction)."""
+    if settings.provider == "daytona":
+        from fleet_sandbox_broker.providers.daytona.provider import (
+            DaytonaProvider,
+            DaytonaSettings,
+        )
+
+        key = settings.daytona_api_key
+        if key is None:  # BrokerSettings refuses daytona without a key; mypy cannot know
+            raise RuntimeError("FLEET_SANDBOX_PROVIDER=daytona needs DAYTONA_API_KEY")
+        return DaytonaProvider(
+            DaytonaSettings(
+                api_key=key.get_secret_value(),
+                api_url=settings.daytona_api_url,
+                target=settings.daytona_target,
+                replica=ctx.replica,
+                snapshot=settings.daytona_snapshot,
+                vm=settings.daytona_snapshot_is_vm,
+                network_block_all=settings.daytona_network_block_all,
+                deadline_s=settings.daytona_deadline_s,
+                max_tool_calls=settings.max_tool_calls,
+            )
+        )
+    swept = await asyncio.to_thread(
+        sweep_orphans, settings.uid_locks, settings.uid_base, settings.uid_count
+    )
+    if swept:
+        ctx.log.warning("killed processes left by a dead broker", extra={"uids": swept})
+    return LocalProvider(
+        LocalSettings(
+            root=settings.root,
+            python=settings.python,
+            uid_base=settings.uid_base,
+            uid_count=settings.uid_count,
+            max_frame=settings.max_frame_bytes,
+            output_cap=settings.output_cap_chars,
+            show=settings.show,
+            hide=settings.hide,
+            uid_locks=settings.uid_locks,
+            max_tool_calls=settings.max_tool_calls,
+            max_inodes=settings.max_inodes,
+            inode_check_s=settings.inode_check_s,
+        )
+    )
 
 
 async def _setup(ctx: service.ServiceContext) -> None:

@@ -5,9 +5,9 @@ The child isolation policy is not here: it is read from the config KV at each de
 """
 
 from pathlib import Path
-from typing import Self
+from typing import Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet_events.sandbox import Limits
@@ -76,6 +76,16 @@ class BrokerSettings(BaseSettings):
     allow_local_repos: bool = False  # tests clone local git repositories; production never
     snapshot_max_bytes: int = Field(default=256 * 1024, ge=1024)
     snapshot_file_bytes: int = Field(default=32 * 1024, ge=256)
+    # which provider starts sandboxes; the Daytona SDK is imported and built only for
+    # `daytona`, from the settings below (passed explicitly: the SDK would read `.env`)
+    provider: Literal["local", "daytona"] = "local"
+    daytona_api_key: SecretStr | None = Field(default=None, validation_alias="DAYTONA_API_KEY")
+    daytona_api_url: str = Field(default="", validation_alias="DAYTONA_API_URL")
+    daytona_target: str = Field(default="", validation_alias="DAYTONA_TARGET")
+    daytona_snapshot: str | None = None  # a linux-vm snapshot: what makes fork possible
+    daytona_snapshot_is_vm: bool = True
+    daytona_network_block_all: bool = True
+    daytona_deadline_s: float = Field(default=60.0, gt=0)
 
     @model_validator(mode="after")
     def _defaults_within_bounds(self) -> Self:
@@ -86,6 +96,17 @@ class BrokerSettings(BaseSettings):
         problem = domain.limits_problem(self.default_limits(), self.limit_bounds)
         if problem is not None:
             raise ValueError(f"the default limits are out of bounds: {problem}")
+        return self
+
+    @model_validator(mode="after")
+    def _daytona_configured(self) -> Self:
+        if self.provider == "daytona" and not (
+            self.daytona_api_key and self.daytona_api_url and self.daytona_target
+        ):
+            raise ValueError(
+                "FLEET_SANDBOX_PROVIDER=daytona needs DAYTONA_API_KEY, DAYTONA_API_URL and "
+                "DAYTONA_TARGET; set all three, or use the default local provider"
+            )
         return self
 
     def default_limits(self) -> Limits:

@@ -6,5 +6,13 @@ held to the SDK's generated clients so it cannot drift into answering what Dayto
 
 from fleet_harness.daytona_fake.contract import ContractError, check_body, check_route, sdk_routes
 from fleet_harness.daytona_fake.server import DaytonaFake
+from fleet_harness.daytona_fake.thread import fake_in_thread
 
-__all__ = ["ContractError", "DaytonaFake", "check_body", "check_route", "sdk_routes"]
+__all__ = [
+    "ContractError",
+    "DaytonaFake",
+    "check_body",
+    "check_route",
+    "fake_in_thread",
+    "sdk_routes",
+]

@@ -99,9 +99,15 @@ def __fleet_tool(name):
     return call
 for __ft in {tools!r}:
     globals()[__ft] = __fleet_tool(__ft)
+import ast as __fa
 try:
-    exec(compile({code!r}, "<cell>", "exec"), globals())
-    __fr = {{"kind": "result"}}
+    __fm = __fa.parse({code!r}, "<cell>")
+    __fl = __fm.body.pop() if __fm.body and isinstance(__fm.body[-1], __fa.Expr) else None
+    exec(compile(__fm, "<cell>", "exec"), globals())
+    __fx = None
+    if __fl is not None:
+        __fx = eval(compile(__fa.Expression(__fl.value), "<cell>", "eval"), globals())
+    __fr = {{"kind": "result", "value": __fx}}
 except __FleetSubmit as __fs:
     __fr = {{"kind": "final", "value": __fs.args[0]}}
 except SyntaxError as __fe:
@@ -376,6 +382,11 @@ class DaytonaProvider:
         """`mounts` maps a workspace-relative path to `<volume name>/<subpath>`."""
         volumes = []
         for rel, spec in (mounts or {}).items():
+            if PurePosixPath(str(spec)).is_absolute():
+                raise SandboxError(
+                    f"the daytona provider mounts Daytona volumes given as '<volume>/<subpath>', "
+                    f"not a host directory ({spec}); broker volumes on Daytona are not wired yet"
+                )
             name, *sub = PurePosixPath(str(spec)).parts
             volume_id = await self._volume(name)
             volumes.append(

@@ -1,0 +1,65 @@
+"""A broker process with FLEET_SANDBOX_PROVIDER=daytona, driven over NATS exactly as the agent
+drives the local one: nothing above the broker knows which provider ran the code."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet_agent.interpreter import RemoteInterpreter
+from fleet_agent.sandbox_bus import SandboxBus
+from fleet_harness.daytona_fake import DaytonaFake, fake_in_thread
+from fleet_harness.procs import start_answering
+from fleet_mesh.natsserver import NatsServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaytonaFake]:
+    with fake_in_thread(tmp_path_factory.mktemp("daytona-fake")) as made:
+        yield made
+    assert made.violations == [], made.violations
+
+
+@pytest.fixture(scope="module")
+def bus(
+    fake: DaytonaFake, nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandboxBus]:
+    root: Path = tmp_path_factory.mktemp("broker-daytona")
+    replica = start_answering(
+        "sandbox-broker",
+        nats_server.url,
+        root / "broker.log",
+        {
+            "FLEET_SANDBOX_PROVIDER": "daytona",
+            "DAYTONA_API_KEY": "fake-key",
+            "DAYTONA_API_URL": fake.url,
+            "DAYTONA_TARGET": "fake",
+            "FLEET_SANDBOX_DAYTONA_SNAPSHOT": "fleet-vm",
+            "FLEET_SANDBOX_POOL_SIZE": "0",
+            "FLEET_SANDBOX_ROOT": str(root / "root"),
+            "FLEET_SANDBOX_VOLUMES": str(root / "volumes"),
+            "FLEET_SANDBOX_UID_LOCKS": str(root / "uid-locks"),
+        },
+    )
+    try:
+        with SandboxBus(nats_server.url, tenant="t-daytona") as connected:
+            yield connected
+    finally:
+        replica.stop()
+
+
+def test_a_sandbox_on_daytona_through_the_bus(bus: SandboxBus, fake: DaytonaFake) -> None:
+    info = bus.create_sandbox()
+    assert info.provider == "daytona"
+    bus.put_file(info.sandbox, "in/data.csv", b"a,b\n1,2\n")
+    repl = RemoteInterpreter(bus, info.sandbox)
+    assert repl.execute("open('in/data.csv').read().splitlines()[1]") == "1,2"
+    repl.execute("kept = 6 * 7")
+    assert repl.execute("kept") == 42
+    repl.execute("open('out.txt', 'w').write('result')")
+    assert bus.read_file(info.sandbox, "out.txt") == b"result"
+    repl.shutdown()
+    bus.delete_sandbox(info.sandbox)
+    assert all(box.dto["state"] == "destroyed" for box in fake.sandboxes.values())

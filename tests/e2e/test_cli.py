@@ -88,6 +88,10 @@ async def test_run_answers_on_stdout_with_progress_on_stderr_and_sessions_export
     assert bad_import.returncode == 2
     assert "export_invalid" in bad_import.stderr
 
+    restored = fleet(mesh, "sessions", "restore", copy, "--reason", "from the cli")
+    assert restored.returncode == 0, restored.stderr
+    assert json.loads(restored.stdout)["seq"] > 0
+
     removed = fleet(mesh, "sessions", "rm", copy)
     assert removed.returncode == 0, removed.stderr
     after = json.loads(fleet(mesh, "sessions", "ls", "--json").stdout)

@@ -13,7 +13,7 @@ from rich.table import Table
 from fleet_cli.commands.common import DEFAULT_DATA_DIR, DataDir, call, fail, gateway
 from fleet_events.ids import InvalidId, check_id
 
-app = typer.Typer(no_args_is_help=True, help="list, show, export, import and delete sessions")
+app = typer.Typer(no_args_is_help=True, help="list, show, export, import, restore, delete")
 out = Console(highlight=False)
 SessionId = Annotated[str, typer.Argument(help="the session id")]
 
@@ -104,6 +104,21 @@ def import_command(
         headers={"Content-Type": "application/x-ndjson"},
     )  # fmt: skip
     sys.stdout.write(str(answer["session_id"]) + "\n")
+
+
+@app.command("restore")
+def restore_command(
+    session: SessionId,
+    upto_seq: Annotated[int | None, typer.Option(help="the state as of this sequence")] = None,
+    reason: Annotated[str, typer.Option(help="recorded with the restore")] = "",
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+) -> None:
+    """Record the session's state (as of --upto-seq) as restored; prints the gateway's answer."""
+    body: dict[str, Any] = {"reason": reason}
+    if upto_seq is not None:
+        body["upto_seq"] = upto_seq
+    answer = _ask(data_dir, "POST", f"/api/v1/sessions/{_id(session)}/restore", json=body)
+    sys.stdout.write(json.dumps(answer) + "\n")
 
 
 @app.command("rm")

@@ -8,6 +8,9 @@ import pytest
 
 from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
+from fleet_events import bus as verbs
+from fleet_events import sandbox as sb
+from fleet_events.envelope import new_id
 from fleet_harness.daytona_fake import DaytonaFake, fake_in_thread
 from fleet_harness.procs import start_answering
 from fleet_mesh.natsserver import NatsServer
@@ -63,3 +66,46 @@ def test_a_sandbox_on_daytona_through_the_bus(bus: SandboxBus, fake: DaytonaFake
     repl.shutdown()
     bus.delete_sandbox(info.sandbox)
     assert all(box.dto["state"] == "destroyed" for box in fake.sandboxes.values())
+
+
+def build_child(bus: SandboxBus, parent: str, context: str) -> sb.ChildSandbox:
+    request = sb.BuildChild(
+        request_id=new_id(), tenant=bus.tenant, sandbox=parent, context=context, labels={}
+    )
+    return bus.call(verbs.BUILD_CHILD, request, target=parent, timeout=60)
+
+
+def test_a_child_is_a_daytona_fork_with_the_files_and_not_the_repl_memory(
+    bus: SandboxBus, fake: DaytonaFake
+) -> None:
+    parent = bus.create_sandbox()
+    repl = RemoteInterpreter(bus, parent.sandbox)
+    repl.execute("found = 'parent state'\nopen('notes.txt', 'w').write('parent file')")
+    child = build_child(bus, parent.sandbox, repl.context)
+    assert child.branch == "fork"
+    child_repl = RemoteInterpreter(bus, child.sandbox, context=child.context)
+    assert child_repl.execute("open('notes.txt').read()") == "parent file"
+    with pytest.raises(Exception, match="NameError"):
+        child_repl.execute("found")
+    child_repl.shutdown()
+    bus.delete_sandbox(child.sandbox)
+    repl.shutdown()
+    bus.delete_sandbox(parent.sandbox)
+
+
+def test_a_422_on_fork_gives_a_clean_child_through_the_policy(
+    bus: SandboxBus, fake: DaytonaFake
+) -> None:
+    parent = bus.create_sandbox()
+    repl = RemoteInterpreter(bus, parent.sandbox)
+    repl.execute("x = 1")
+    fake.inject(422, method="POST", route="/sandbox/{sandboxIdOrName}/fork")
+    child = build_child(bus, parent.sandbox, repl.context)
+    assert child.branch == "clean_fallback"
+    assert "linux-vm" in child.reason
+    child_repl = RemoteInterpreter(bus, child.sandbox, context=child.context)
+    assert child_repl.execute("6 * 7") == 42
+    child_repl.shutdown()
+    bus.delete_sandbox(child.sandbox)
+    repl.shutdown()
+    bus.delete_sandbox(parent.sandbox)

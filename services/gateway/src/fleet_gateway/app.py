@@ -30,6 +30,7 @@ from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_gateway.readiness import Readiness, check
 from fleet_gateway.routes import auth as auth_routes
 from fleet_gateway.routes import documents as document_routes
+from fleet_gateway.routes import llm_profiles as llm_profile_routes
 from fleet_gateway.routes import runtime as runtime_routes
 from fleet_gateway.routes import sandboxes as sandbox_routes
 from fleet_gateway.routes import sessions as session_routes
@@ -87,6 +88,7 @@ def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app.include_router(ws_routes.router)
     app.include_router(document_routes.router)
     app.include_router(runtime_routes.router)
+    app.include_router(llm_profile_routes.router)
     app.include_router(sandbox_routes.router)
     state.body_limits.update(transfer_routes.BODY_LIMITS | document_routes.BODY_LIMITS)
     document = asyncapi()  # the catalog is fixed for the life of the process

@@ -1,0 +1,235 @@
+"""The tenant's LLM profiles in the config KV, with their API keys sealed into the secrets store.
+
+- `GET /api/v1/runtime/llm-profiles`, `GET /api/v1/runtime/llm-profiles/{name}`: the tenant's
+  own profiles (global ones are the operator's and not listed here).
+- `POST /api/v1/runtime/llm-profiles`: create one (409 if the name is taken). An `api_key` in
+  the body is sealed with the services' PUBLIC key (`FLEET_SECRETS_PUBLIC_KEY`, or derived from
+  `FLEET_SECRETS_KEY`) under the secret name `llm-<profile>`; the profile holds that name only.
+  The gateway can seal but never open, so nothing it returns can carry the key: a profile is
+  shown with `has_api_key`.
+- `PATCH /api/v1/runtime/llm-profiles/{name}`: change fields or rotate the key (a new sealed
+  value under the same name, then the profile compare-and-set on its revision).
+- `DELETE /api/v1/runtime/llm-profiles/{name}`: the profile and its sealed key.
+"""
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+from pydantic import BaseModel, Field, SecretStr
+
+from fleet_events import llm as lm
+from fleet_events import streams
+from fleet_gateway.auth import CurrentTenant
+from fleet_gateway.errors import ApiError, ErrorBody
+from fleet_mesh.runtime_config import LlmConfig, ProfileConflict, StoredProfile
+from fleet_mesh.secrets import SecretError, SecretsWriter, public_key_from_env, secret_key
+
+router = APIRouter(prefix="/api/v1/runtime/llm-profiles", tags=["runtime"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (401, 404, 409, 422, 503)
+}
+MAX_KEY_CHARS = 4096
+
+
+class ProfileIn(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    model: str = Field(min_length=1, max_length=200)
+    api_base: str | None = Field(default=None, max_length=500)
+    api_key: SecretStr | None = Field(default=None, min_length=1, max_length=MAX_KEY_CHARS)
+    """SecretStr: a repr or a log line of the body shows '**********', never the key."""
+    timeout_s: float = Field(default=60.0, gt=0, le=600)
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+
+
+class ProfilePatch(BaseModel):
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    api_base: str | None = Field(default=None, max_length=500)
+    api_key: SecretStr | None = Field(default=None, min_length=1, max_length=MAX_KEY_CHARS)
+    timeout_s: float | None = Field(default=None, gt=0, le=600)
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+
+
+class Profile(BaseModel):
+    name: str
+    model: str
+    api_base: str | None
+    timeout_s: float
+    max_tokens: int | None
+    temperature: float | None
+    has_api_key: bool
+    revision: int
+
+
+class ProfileList(BaseModel):
+    items: list[Profile]
+
+
+class Deleted(BaseModel):
+    name: str
+    deleted: bool = True
+
+
+def _secret_name(profile: str) -> str:
+    return f"llm-{profile}"
+
+
+def _shown(stored: StoredProfile) -> Profile:
+    p = stored.profile
+    return Profile(
+        name=p.name, model=p.model, api_base=p.api_base, timeout_s=p.timeout_s,
+        max_tokens=p.max_tokens, temperature=p.temperature, has_api_key=p.secret is not None,
+        revision=stored.revision,
+    )  # fmt: skip
+
+
+def _not_found(name: str) -> ApiError:
+    return ApiError(
+        404, "llm_profile_not_found",
+        f"no LLM profile {name[:64]!r} in your tenant: list them with "
+        "GET /api/v1/runtime/llm-profiles",
+        details={"profile": name[:64]},
+    )  # fmt: skip
+
+
+def _invalid(exc: Exception) -> ApiError:
+    return ApiError(422, "invalid_llm_profile", str(exc)[:400])
+
+
+async def _stores(request: Request) -> tuple[LlmConfig, Any]:
+    nc = request.app.state.gateway.nc
+    if nc is None or not nc.is_connected:
+        raise ApiError(503, "nats_unavailable", "the gateway has no bus connection; retry shortly")
+    return await LlmConfig.open(nc.jetstream()), nc.jetstream()
+
+
+async def _writer(js: Any) -> SecretsWriter:
+    key = public_key_from_env()
+    if key is None:
+        raise ApiError(
+            503, "secrets_unconfigured",
+            "this gateway cannot store API keys: set FLEET_SECRETS_PUBLIC_KEY to the services' "
+            "public key file (or create the profile without api_key)",
+        )  # fmt: skip
+    return await SecretsWriter.open(js, key)
+
+
+async def _put(
+    config: LlmConfig, profile: lm.LlmProfile, tenant: str, expect: int
+) -> StoredProfile:
+    try:
+        revision = await config.put_profile(profile, tenant=tenant, expect=expect)
+    except lm.InvalidProfile as exc:
+        raise _invalid(exc) from None
+    except ProfileConflict as exc:
+        raise ApiError(409, "llm_profile_conflict", str(exc)) from None
+    return StoredProfile(profile, tenant, revision)
+
+
+async def _get(config: LlmConfig, name: str, tenant: str) -> StoredProfile:
+    try:
+        found = await config.get_profile(name, tenant=tenant)
+    except lm.InvalidProfile as exc:
+        raise _invalid(exc) from None
+    if found is None:
+        raise _not_found(name)
+    return found
+
+
+async def _seal(js: Any, profile: str, api_key: SecretStr, tenant: str) -> str:
+    writer = await _writer(js)
+    name = _secret_name(profile)
+    try:
+        await writer.put(name, api_key.get_secret_value(), tenant=tenant)
+    except SecretError as exc:  # its message names the secret, never the value
+        raise ApiError(422, "invalid_api_key", str(exc)) from None
+    return name
+
+
+@router.get("", response_model=ProfileList, responses=ERRORS)
+async def list_profiles(tenant: CurrentTenant, request: Request) -> ProfileList:
+    config, js = await _stores(request)
+    kv = await js.key_value(streams.CONFIG.bucket)
+    prefix = lm.profile_key("x", tenant)[: -len("x")]
+    # a watch on the tenant's profile keys only (nats-py's `keys()` walks the whole bucket and
+    # filters by substring); its first None says the current values are all delivered
+    watcher = await kv.watch(prefix + ">", ignore_deletes=True, meta_only=True)
+    keys: list[str] = []
+    try:
+        async for entry in watcher:
+            if entry is None:
+                break
+            keys.append(entry.key)
+    finally:
+        await watcher.stop()
+    items = []
+    for key in sorted(keys):
+        found = await config.get_profile(key[len(prefix) :], tenant=tenant)
+        if found is not None:
+            items.append(_shown(found))
+    return ProfileList(items=items)
+
+
+@router.get("/{name}", response_model=Profile, responses=ERRORS)
+async def get_profile(name: str, tenant: CurrentTenant, request: Request) -> Profile:
+    config, _ = await _stores(request)
+    return _shown(await _get(config, name, tenant))
+
+
+@router.post("", response_model=Profile, status_code=201, responses=ERRORS)
+async def create_profile(
+    body: Annotated[ProfileIn, Body()], tenant: CurrentTenant, request: Request
+) -> Profile:
+    config, js = await _stores(request)
+    try:
+        lm.check_profile_name(body.name)
+        draft = lm.LlmProfile(
+            name=body.name, model=body.model, api_base=body.api_base, timeout_s=body.timeout_s,
+            max_tokens=body.max_tokens, temperature=body.temperature,
+        )  # fmt: skip
+        lm.check_profile(draft)
+    except lm.InvalidProfile as exc:
+        raise _invalid(exc) from None  # before the key is sealed: a refusal stores nothing
+    if await config.get_profile(body.name, tenant=tenant) is not None:
+        raise ApiError(
+            409, "llm_profile_exists",
+            f"LLM profile {body.name!r} exists in your tenant: PATCH it, or pick another name",
+        )  # fmt: skip
+    secret = None if body.api_key is None else await _seal(js, body.name, body.api_key, tenant)
+    profile = lm.LlmProfile(**{**_fields(draft), "secret": secret})
+    return _shown(await _put(config, profile, tenant, expect=0))
+
+
+def _fields(profile: lm.LlmProfile) -> dict[str, Any]:
+    return {f: getattr(profile, f) for f in profile.__struct_fields__}
+
+
+@router.patch("/{name}", response_model=Profile, responses=ERRORS)
+async def patch_profile(
+    name: str, body: Annotated[ProfilePatch, Body()], tenant: CurrentTenant, request: Request
+) -> Profile:
+    config, js = await _stores(request)
+    stored = await _get(config, name, tenant)
+    changes = body.model_dump(exclude_unset=True, exclude={"api_key"})
+    try:
+        updated = lm.LlmProfile(**{**_fields(stored.profile), **changes})
+        lm.check_profile(updated)
+    except (lm.InvalidProfile, TypeError) as exc:
+        raise _invalid(exc) from None
+    if body.api_key is not None:  # rotation: the new sealed value, then the profile points at it
+        secret = await _seal(js, name, body.api_key, tenant)
+        updated = lm.LlmProfile(**{**_fields(updated), "secret": secret})
+    return _shown(await _put(config, updated, tenant, expect=stored.revision))
+
+
+@router.delete("/{name}", response_model=Deleted, responses=ERRORS)
+async def delete_profile(name: str, tenant: CurrentTenant, request: Request) -> Deleted:
+    config, js = await _stores(request)
+    stored = await _get(config, name, tenant)
+    kv = await js.key_value(streams.CONFIG.bucket)
+    await kv.delete(lm.profile_key(name, tenant))
+    if stored.profile.secret is not None:
+        secrets = await js.key_value(streams.SECRETS.bucket)
+        await secrets.delete(secret_key(stored.profile.secret, tenant))
+    return Deleted(name=name)

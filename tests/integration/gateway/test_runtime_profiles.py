@@ -1,0 +1,143 @@
+"""`/api/v1/runtime/llm-profiles` on a real nats-server: a key sent with a profile is sealed
+into the secrets store (the gateway holds only the public key), the agent's own probe opens it
+and reaches the scripted LM (a FAKE model server) with it, and the key appears in no response,
+no log line and no revision of the config KV. Another tenant sees none of it."""
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from fleet_agent.profiles import LlmStores, register_agent_verbs
+from fleet_events import llm as lm
+from fleet_events import streams
+from fleet_harness.scripted_lm import ScriptedLM
+from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.runtime_config import LlmConfig
+from fleet_mesh.secrets import SecretsReader, ensure_keypair, load_private_key, secret_key
+from fleet_mesh.service import ServiceContext
+
+from .api_kit import Api, running_api, tenant_id
+
+PLANTED = "sk-planted-" + "7a1b2c" * 6
+ROTATED = "sk-rotated-" + "0f9e8d" * 6
+BASE = "/api/v1/runtime/llm-profiles"
+
+
+@pytest.fixture
+async def api(
+    nats_server: NatsServer,
+    nc: Client,
+    js: JetStreamContext,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[Api]:
+    keys = ensure_keypair(tmp_path / "secrets")
+    monkeypatch.setenv("FLEET_SECRETS_PUBLIC_KEY", str(keys.public))
+    monkeypatch.delenv("FLEET_SECRETS_KEY", raising=False)  # the gateway never holds it
+    stores = LlmStores(
+        llm=await LlmConfig.open(js),
+        secrets=await SecretsReader.open_reader(js, load_private_key(keys.private)),
+    )
+    ctx = ServiceContext(name="agent", replica="agent-prof", nc=nc, js=js, log=logging.getLogger())
+    await register_agent_verbs(ctx, stores)
+    async with running_api(nats_server.url, tmp_path / "gw") as running:
+        yield running
+    for served in ctx.served:
+        await served.stop()
+
+
+async def _history(js: JetStreamContext, bucket: str, key: str) -> list[bytes]:
+    kv = await js.key_value(bucket)
+    return [entry.value or b"" for entry in await kv.history(key)]
+
+
+async def test_a_profiles_key_is_sealed_used_rotated_and_never_shown(
+    api: Api, js: JetStreamContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    mine, other = tenant_id(), tenant_id()
+    texts: list[str] = []
+    with ScriptedLM(["OK", "OK"], api_key=PLANTED) as fake:
+        created = await api.call("POST", BASE, mine, json={
+            "name": "main", "model": "openai/scripted", "api_base": fake.base_url,
+            "api_key": PLANTED,
+        })  # fmt: skip
+        texts.append(created.text)
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert (body["name"], body["has_api_key"]) == ("main", True)
+        assert "api_key" not in body
+        assert "secret" not in body
+
+        probe = await api.call("POST", "/api/v1/runtime/tests/lm", mine, json={"profile": "main"})
+        texts.append(probe.text)
+        assert probe.status_code == 200, probe.text
+        assert (probe.json()["ok"], probe.json()["error"]) == (True, ""), probe.text
+        assert fake.requests, "the sealed key did not reach the model through the agent"
+
+        listed = await api.call("GET", BASE, mine)
+        got = await api.call("GET", f"{BASE}/main", mine)
+        texts += [listed.text, got.text]
+        assert [p["name"] for p in listed.json()["items"]] == ["main"]
+        assert got.json()["has_api_key"] is True
+
+    theirs = await api.call("GET", f"{BASE}/main", other)
+    assert theirs.status_code == 404, theirs.text
+    assert (await api.call("GET", BASE, other)).json()["items"] == []
+    assert (await api.call("DELETE", f"{BASE}/main", other)).status_code == 404
+
+    with ScriptedLM(["OK"], api_key=ROTATED) as fake:
+        rotated = await api.call("PATCH", f"{BASE}/main", mine, json={
+            "api_key": ROTATED, "api_base": fake.base_url,
+        })  # fmt: skip
+        texts.append(rotated.text)
+        assert rotated.status_code == 200, rotated.text
+        assert rotated.json()["revision"] > body["revision"]
+        again = await api.call("POST", "/api/v1/runtime/tests/lm", mine, json={"profile": "main"})
+        texts.append(again.text)
+        assert again.json()["ok"] is True, again.text
+
+    config = await _history(js, streams.CONFIG.bucket, lm.profile_key("main", mine))
+    sealed = await _history(js, streams.SECRETS.bucket, secret_key("llm-main", mine))
+    assert len(config) >= 2
+    assert sealed  # the secrets bucket keeps one revision: the rotated value, sealed
+    for key in (PLANTED, ROTATED):
+        for text in [*texts, caplog.text]:
+            assert key not in text
+        for value in config + sealed:
+            assert key.encode() not in value
+
+    deleted = await api.call("DELETE", f"{BASE}/main", mine)
+    assert deleted.status_code == 200, deleted.text
+    assert (await api.call("GET", f"{BASE}/main", mine)).status_code == 404
+
+
+async def test_bad_profiles_are_refused_naming_the_value_and_store_nothing(
+    api: Api, js: JetStreamContext
+) -> None:
+    tenant = tenant_id()
+    for body, named in (
+        ({"name": "a.b", "model": "m"}, "'a.b'"),
+        ({"name": "ok", "model": "has space"}, "'has space'"),
+        ({"name": "ok", "model": "m", "api_base": "file:///etc/passwd"}, "file:///etc/passwd"),
+    ):
+        response = await api.call("POST", BASE, tenant, json={**body, "api_key": PLANTED})
+        assert response.status_code == 422, response.text
+        assert named in response.text
+        assert PLANTED not in response.text
+    secrets = await js.key_value(streams.SECRETS.bucket)
+    with pytest.raises(Exception, match="not found|NoKeys|no keys"):
+        await secrets.get(secret_key("llm-ok", tenant))
+    assert (await api.call("GET", BASE, tenant)).json()["items"] == []
+
+    await api.call("POST", BASE, tenant, json={"name": "dup", "model": "m"})
+    again = await api.call("POST", BASE, tenant, json={"name": "dup", "model": "m"})
+    assert again.status_code == 409, again.text
+    assert again.json()["code"] == "llm_profile_exists"

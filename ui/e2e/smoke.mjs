@@ -38,9 +38,9 @@ try {
   await page.locator("[data-turn]").first().waitFor({ timeout: 15000 });
   await page
     .getByTestId("turn-status")
-    .filter({ hasNotText: "queued" })
+    .filter({ hasText: /done|failed|cancelled|refused/ })
     .first()
-    .waitFor({ timeout: 30000 });
+    .waitFor({ timeout: 60000 });
   await page.screenshot({ path: `${out}/workspace.png` });
   await page.getByRole("tab", { name: "Trace tree" }).click();
   await page.screenshot({ path: `${out}/trace-tree.png` });

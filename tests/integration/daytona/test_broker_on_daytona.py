@@ -10,10 +10,12 @@ from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
+from fleet_events.bus import Ping
 from fleet_events.envelope import new_id
 from fleet_harness.daytona_fake import DaytonaFake, fake_in_thread
 from fleet_harness.procs import start_answering
 from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.rpc import RemoteError
 
 pytestmark = pytest.mark.slow
 
@@ -109,3 +111,29 @@ def test_a_422_on_fork_gives_a_clean_child_through_the_policy(
     bus.delete_sandbox(child.sandbox)
     repl.shutdown()
     bus.delete_sandbox(parent.sandbox)
+
+
+def test_a_5xx_storm_opens_the_circuit_and_the_ping_says_daytona_is_degraded(
+    bus: SandboxBus, fake: DaytonaFake
+) -> None:
+    before = bus.call(verbs.ping("sandbox-broker"), Ping(), timeout=5).details["daytona"]
+    assert before["ok"] is True
+    fake.inject(503, times=10_000)
+    try:
+        refusals = []
+        for _ in range(5):  # five creates, each retried, each ending 503: the circuit opens
+            with pytest.raises(RemoteError) as failed:
+                bus.create_sandbox()
+            refusals.append(failed.value)
+        after = bus.call(verbs.ping("sandbox-broker"), Ping(), timeout=5).details["daytona"]
+        assert after["ok"] is False
+        assert after["checks"]["circuit"] == "open"
+        assert "Daytona failed 5 calls in a row" in after["guidance"]
+        asked = len(fake.calls)
+        with pytest.raises(RemoteError, match="degraded"):
+            bus.create_sandbox()
+        assert len(fake.calls) == asked  # failed fast: Daytona was not asked
+        assert {r.code for r in refusals} == {"unavailable"}
+        assert all("503" in r.message for r in refusals)
+    finally:
+        fake.injections.clear()

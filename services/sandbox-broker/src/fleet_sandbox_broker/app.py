@@ -1,6 +1,8 @@
 """Composition root of the sandbox broker, built the same way in tests."""
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from fleet_events import streams
 from fleet_events.codec import Codec
@@ -42,7 +44,17 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
         await broker.close()
 
     ctx.on_stop.append(stop)
-    ctx.ping_details = lambda: {"sandboxes": len(broker.held), "warm": broker.pool.ready}
+    # a provider with a remote service says how it is doing (Daytona's circuit), so a
+    # degraded Daytona shows on every ping instead of as hung turns
+    health: Callable[[], dict[str, object]] | None = getattr(provider, "health", None)
+
+    def details() -> dict[str, Any]:
+        found: dict[str, Any] = {"sandboxes": len(broker.held), "warm": broker.pool.ready}
+        if health is not None:
+            found[provider.name] = health()
+        return found
+
+    ctx.ping_details = details
     return broker
 
 

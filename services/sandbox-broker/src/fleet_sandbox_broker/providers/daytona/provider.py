@@ -432,7 +432,8 @@ class DaytonaProvider:
     async def find(
         self, sandbox_id: str | None = None, parent: str | None = None
     ) -> list[AsyncSandbox]:
-        labels = {f"{LABEL}/replica": self.settings.replica}
+        # by id or parent across replicas (a taken-over sandbox was labelled by another one)
+        labels = {} if sandbox_id or parent else {f"{LABEL}/replica": self.settings.replica}
         if sandbox_id is not None:
             labels[f"{LABEL}/sandbox"] = sandbox_id
         if parent is not None:
@@ -456,6 +457,10 @@ class DaytonaProvider:
 
     async def discard(self, sandbox_id: str) -> None:
         await self.delete_tree(sandbox_id)
+
+    def health(self) -> dict[str, object]:
+        """What a ping reports (`ok`, `checks`, `guidance`, `latency_ms`)."""
+        return self.circuit.health()
 
     async def close(self) -> None:
         close: Callable[[], Awaitable[None]] = self.client.close  # the SDK leaves it unannotated

@@ -67,6 +67,7 @@ def gateway(nats_server: NatsServer, tmp_path: Path) -> Any:
         {
             "FLEET_GATEWAY_PORT": str(port),
             "FLEET_GATEWAY_DATA_DIR": str(data_dir),
+            "FLEET_SECRETS_PUBLIC_KEY": str(ensure_keypair(tmp_path / "secrets").public),
             # the fuzz is one client far over a tenant's usual rate: 429 is tested elsewhere
             "FLEET_GATEWAY_TENANT_RPS": "100000",
             "FLEET_GATEWAY_TENANT_BURST": "100000",

@@ -23,7 +23,7 @@ from fleet_events.run import (
 from fleet_events.sandbox import ChildIsolationDecided, SandboxDeleted
 from fleet_events.session import CancelRequested, TurnCancelled, TurnCompleted
 from fleet_harness.scripted_lm import Reply, ScriptedLM, ScriptedRequest
-from fleet_harness.waits import eventually
+from fleet_harness.waits import WaitTimeout, eventually
 
 from .rlm_kit import Processes, Session, of_type, processes, session, step
 
@@ -60,7 +60,13 @@ def fan_out_script(first_cell: str, child_answer: str) -> object:
 
 
 async def fanned_out(s: Session, turn: str) -> tuple[TurnCompleted, list[object], str]:
-    ended = await s.ended(turn, timeout=120)
+    try:
+        ended = await s.ended(turn, timeout=60)
+    except WaitTimeout as exc:  # say where the tree stood
+        stood = [e for e in await s.run_events(turn) if not isinstance(e, LlmCalled)]
+        for r in of_type(stood, ChildRunRequested):
+            stood += [(r.child_run, e) for e in await s.events_of(r.child_run)]
+        raise AssertionError(f"{exc}: {stood}") from exc
     events = await s.run_events(turn)
     assert isinstance(ended, TurnCompleted), [e for e in events if not isinstance(e, LlmCalled)]
     (started,) = of_type(events, RunStarted)
@@ -144,7 +150,7 @@ async def test_three_children_take_the_clean_fallback_when_the_parent_cannot_for
     assert ended.answer == "alpha:False beta:False gamma:False"
 
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def sleeping_children_script(request: ScriptedRequest) -> Reply:

@@ -119,7 +119,9 @@ class ChildRunWorker:
                 reason = getattr(envelope.data, "reason", "") or "the turn has ended"
                 ctx.cancel.set(reason)
 
-        return await mesh.bus.nc.subscribe(log_subject(work.tenant, work.session), cb=on_message)
+        sub = await mesh.bus.nc.subscribe(log_subject(work.tenant, work.session), cb=on_message)
+        await mesh.bus.nc.flush(timeout=10)  # held by the server before the log is read
+        return sub
 
     async def _turn_over(self, mesh: EngineMesh, work: ChildRunWork) -> bool:
         log = TurnLog(mesh.store, mesh.codec, mesh.actor)

@@ -64,6 +64,10 @@ see the same turn's cancel) before it reaps their sandboxes itself."""
 
 DEFAULT_DEADLINE_S = 3600.0
 
+RECHECK_S = 5.0
+"""A waiting parent reads the child's stored tail at least this often (a core message missed
+across a reconnect would otherwise leave it waiting until the deadline)."""
+
 TERMINAL_TYPES = frozenset(type_of_class(cls) for cls in TERMINAL)
 
 _encode = msgspec.json.Encoder().encode
@@ -315,6 +319,9 @@ async def wait_for_end(
             arrived.set()
 
     sub = await ctx.mesh.bus.nc.subscribe(subject, cb=on_message)
+    # the server must hold the subscription before the tail is read, or an end stored in
+    # between is seen by neither (seen: one child of three, about one run in five)
+    await ctx.mesh.bus.nc.flush(timeout=10)
     try:
         grace_until: float | None = None
         while True:
@@ -327,11 +334,13 @@ async def wait_for_end(
             until = min(deadline, grace_until) if grace_until is not None else deadline
             if now >= until:
                 return None
+            # a message lost across a reconnect is not redelivered: read the tail again
+            until = min(until, now + RECHECK_S)
             waiters = [asyncio.ensure_future(arrived.wait())]
             if grace_until is None:
                 waiters.append(asyncio.ensure_future(stopped.wait()))
             _, pending = await asyncio.wait(
-                waiters, timeout=until - now, return_when=asyncio.FIRST_COMPLETED
+                waiters, timeout=max(0.0, until - now), return_when=asyncio.FIRST_COMPLETED
             )
             for waiter in pending:
                 waiter.cancel()

@@ -13,6 +13,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError
 
 from fleet_agent.profiles import LlmStores, register_agent_verbs
 from fleet_events import llm as lm
@@ -133,7 +134,7 @@ async def test_bad_profiles_are_refused_naming_the_value_and_store_nothing(
         assert named in response.text
         assert PLANTED not in response.text
     secrets = await js.key_value(streams.SECRETS.bucket)
-    with pytest.raises(Exception, match="not found|NoKeys|no keys"):
+    with pytest.raises(KeyNotFoundError):
         await secrets.get(secret_key("llm-ok", tenant))
     assert (await api.call("GET", BASE, tenant)).json()["items"] == []
 
@@ -141,3 +142,45 @@ async def test_bad_profiles_are_refused_naming_the_value_and_store_nothing(
     again = await api.call("POST", BASE, tenant, json={"name": "dup", "model": "m"})
     assert again.status_code == 409, again.text
     assert again.json()["code"] == "llm_profile_exists"
+
+
+async def test_roles_bind_the_tenants_profiles_and_refuse_unknown_ones(
+    api: Api, js: JetStreamContext
+) -> None:
+    mine, other = tenant_id(), tenant_id()
+    created = await api.call("POST", BASE, mine, json={"name": "fast", "model": "openai/m"})
+    assert created.status_code == 201, created.text
+
+    bad = await api.call(
+        "PATCH", "/api/v1/runtime/llm-roles", mine,
+        json={"roles": {"planner": "fast", "delegate": "no-such"}},
+    )  # fmt: skip
+    assert bad.status_code == 422, bad.text
+    assert bad.json()["code"] == "invalid_llm_role"
+    assert "'delegate'" in bad.json()["message"]
+    assert "'no-such'" in bad.json()["message"]
+    config = await js.key_value(streams.CONFIG.bucket)
+    with pytest.raises(KeyNotFoundError):
+        await config.get(lm.role_key("planner", mine))  # nothing of the refused patch stored
+
+    unknown_role = await api.call(
+        "PATCH", "/api/v1/runtime/llm-roles", mine, json={"roles": {"boss": "fast"}}
+    )
+    assert unknown_role.status_code == 422, unknown_role.text
+    assert "planner" in unknown_role.text
+
+    ok = await api.call(
+        "PATCH", "/api/v1/runtime/llm-roles", mine, json={"roles": {"planner": "fast"}}
+    )
+    assert ok.status_code == 200, ok.text
+    planner = {b["role"]: b for b in ok.json()["items"]}["planner"]
+    assert (planner["profile"], planner["scope"]) == ("fast", "tenant")
+
+    theirs = await api.call("GET", "/api/v1/runtime/llm-roles", other)
+    their_planner = {b["role"]: b for b in theirs.json()["items"]}["planner"]
+    assert their_planner["scope"] != "tenant"
+    assert their_planner["profile"] != "fast"
+    cross = await api.call(
+        "PATCH", "/api/v1/runtime/llm-roles", other, json={"roles": {"planner": "fast"}}
+    )
+    assert cross.status_code == 422, "another tenant's profile was bindable"

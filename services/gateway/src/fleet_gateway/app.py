@@ -89,6 +89,7 @@ def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app.include_router(document_routes.router)
     app.include_router(runtime_routes.router)
     app.include_router(llm_profile_routes.router)
+    app.include_router(llm_profile_routes.roles_router)
     app.include_router(sandbox_routes.router)
     state.body_limits.update(transfer_routes.BODY_LIMITS | document_routes.BODY_LIMITS)
     document = asyncapi()  # the catalog is fixed for the life of the process

@@ -12,16 +12,17 @@
 - `DELETE /api/v1/runtime/llm-profiles/{name}`: the profile and its sealed key.
 """
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Request
+from nats.js.errors import KeyNotFoundError
 from pydantic import BaseModel, Field, SecretStr
 
 from fleet_events import llm as lm
 from fleet_events import streams
 from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
-from fleet_mesh.runtime_config import LlmConfig, ProfileConflict, StoredProfile
+from fleet_mesh.runtime_config import LlmConfig, ProfileConflict, ProfileNotFound, StoredProfile
 from fleet_mesh.secrets import SecretError, SecretsWriter, public_key_from_env, secret_key
 
 router = APIRouter(prefix="/api/v1/runtime/llm-profiles", tags=["runtime"])
@@ -233,3 +234,64 @@ async def delete_profile(name: str, tenant: CurrentTenant, request: Request) -> 
         secrets = await js.key_value(streams.SECRETS.bucket)
         await secrets.delete(secret_key(stored.profile.secret, tenant))
     return Deleted(name=name)
+
+
+# -- roles: which profile each part of a turn uses ---------------------------------------------
+
+roles_router = APIRouter(prefix="/api/v1/runtime/llm-roles", tags=["runtime"])
+RoleName = Literal["planner", "delegate", "delegate_small", "reflection"]
+
+
+class RoleBinding(BaseModel):
+    role: str
+    profile: str | None
+    scope: Literal["tenant", "global", "unbound"]
+
+
+class RoleBindings(BaseModel):
+    items: list[RoleBinding]
+
+
+class RolesPatch(BaseModel):
+    roles: dict[RoleName, str] = Field(min_length=1)
+
+
+async def _bindings(config: LlmConfig, js: Any, tenant: str) -> RoleBindings:
+    kv = await js.key_value(streams.CONFIG.bucket)
+    items = []
+    for role in lm.ROLES:
+        profile = await config.role(role, tenant=tenant)  # the tenant's binding, else global
+        try:
+            own = bool((await kv.get(lm.role_key(role, tenant))).value)
+        except KeyNotFoundError:
+            own = False
+        scope: Literal["tenant", "global", "unbound"] = (
+            "tenant" if own else "global" if profile is not None else "unbound"
+        )
+        items.append(RoleBinding(role=role, profile=profile, scope=scope))
+    return RoleBindings(items=items)
+
+
+@roles_router.get("", response_model=RoleBindings, responses=ERRORS)
+async def get_roles(tenant: CurrentTenant, request: Request) -> RoleBindings:
+    config, js = await _stores(request)
+    return await _bindings(config, js, tenant)
+
+
+@roles_router.patch("", response_model=RoleBindings, responses=ERRORS)
+async def patch_roles(
+    body: Annotated[RolesPatch, Body()], tenant: CurrentTenant, request: Request
+) -> RoleBindings:
+    config, js = await _stores(request)
+    for role, profile in body.roles.items():  # every name checked before any binding is written
+        try:
+            await config.find_profile(profile, tenant=tenant)
+        except (lm.InvalidProfile, ProfileNotFound) as exc:
+            raise ApiError(
+                422, "invalid_llm_role",
+                f"role {role!r} cannot use profile {profile[:64]!r}: {str(exc)[:300]}",
+                details={"role": role, "profile": profile[:64]},
+            ) from None  # fmt: skip
+    for role, profile in body.roles.items():
+        await config.set_role(role, profile, tenant=tenant)
+    return await _bindings(config, js, tenant)

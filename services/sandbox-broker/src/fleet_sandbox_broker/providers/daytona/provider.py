@@ -379,7 +379,15 @@ class DaytonaProvider:
         mounts: dict[str, Path] | None = None,
         revive: bool = False,
     ) -> DaytonaSandbox:
-        """`mounts` maps a workspace-relative path to `<volume name>/<subpath>`."""
+        """`mounts` maps a workspace-relative path to `<volume name>/<subpath>`. `revive`: the
+        Daytona sandbox outlives a dead broker; it is found by its label and taken back."""
+        if revive:
+            for remote in await self.find(sandbox_id=sandbox_id):
+                if str(getattr(remote.state, "value", remote.state)) != "started":
+                    await self.call(
+                        f"start {sandbox_id}", lambda: remote.start(self.settings.deadline_s)
+                    )
+                return DaytonaSandbox(self, sandbox_id, remote, limits)
         volumes = []
         for rel, spec in (mounts or {}).items():
             if PurePosixPath(str(spec)).is_absolute():

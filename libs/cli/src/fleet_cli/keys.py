@@ -18,13 +18,12 @@ from pathlib import Path
 from fleet_events import streams
 from fleet_events.signing import APPEND, CHECKPOINT, SIGNING_KEY_ENV, KeySet, Signer, SigningError
 from fleet_events.subjects import SERVICES
-from fleet_mesh.checkpoints import INTERVAL_ENV, Checkpointer, checkpoint_file
+from fleet_mesh.checkpoints import INTERVAL_ENV, KEYSET_ENV, Checkpointer, checkpoint_file
 from fleet_mesh.connection import connect
 from fleet_mesh.store import open_store
 
 KEYS_DIR = "keys"
 KEYSET_FILE = "keyset.json"
-KEYSET_ENV = "FLEET_KEYSET"
 CHECKPOINTER = "checkpointer"
 
 

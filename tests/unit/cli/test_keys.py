@@ -4,10 +4,11 @@ given its own and none given the checkpoint key."""
 import stat
 from pathlib import Path
 
-from fleet_cli.keys import CHECKPOINTER, KEYSET_ENV, ensure_keys, key_path, keys_dir
+from fleet_cli.keys import CHECKPOINTER, ensure_keys, key_path, keys_dir
 from fleet_cli.mesh import UpOptions, service_specs
 from fleet_events.signing import CHECKPOINT, SIGNING_KEY_ENV, KeySet, Signer
 from fleet_events.subjects import SERVICES
+from fleet_mesh.checkpoints import KEYSET_ENV
 
 
 def test_keys_are_private_made_once_and_published_as_a_key_set(tmp_path: Path) -> None:

@@ -46,7 +46,12 @@ export function TraceTree({ view }: { view: ViewModel }) {
     }));
     const edges: Edge[] = rows
       .filter((r) => r.parent)
-      .map((r) => ({ id: `${r.parent}->${r.node.id}`, source: r.parent ?? "", target: r.node.id }));
+      .map((r) => ({
+        id: `${r.parent}->${r.node.id}`,
+        source: r.parent ?? "",
+        target: r.node.id,
+        type: "smoothstep",
+      }));
     return { nodes, edges };
   }, [rows, focused]);
 

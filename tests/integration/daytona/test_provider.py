@@ -260,16 +260,17 @@ def put(path, frame):
     open(path + '.tmp', 'w').write(json.dumps(frame))
     os.replace(path + '.tmp', path)
 def wait(tok, seq):
-    p = f'.fleet/replies/{tok}/{seq}.json'
+    p = f'{tok}/{seq}.json'.replace('/calls/', '/replies/')
     while not os.path.exists(p):
         time.sleep(0.005)
     time.sleep(0.05)
     return json.load(open(p))
 first = llm_query('x')
-tok = sorted(os.listdir('.fleet/calls'), key=lambda d: os.path.getmtime('.fleet/calls/' + d))[-1]
-put(f'.fleet/calls/{tok}/2.json', {'seq': 2, 'name': 'llm_query', 'sandbox': 'sb-victim'})
+import glob
+(tok,) = glob.glob('.fleet/*/calls/*')  # this cell's own call directory
+put(f'{tok}/2.json', {'seq': 2, 'name': 'llm_query', 'sandbox': 'sb-victim'})
 forged = wait(tok, 2)
-put(f'.fleet/calls/{tok}/3.json', {'seq': 1, 'name': 'llm_query'})
+put(f'{tok}/3.json', {'seq': 1, 'name': 'llm_query'})
 replayed = wait(tok, 3)
 SUBMIT([first, forged['ok'], forged['error'], replayed['ok'], replayed['error']])
 """

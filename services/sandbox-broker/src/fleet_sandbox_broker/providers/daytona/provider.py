@@ -8,6 +8,7 @@ sandbox it asked, not to anything the cell prints.
 """
 
 import asyncio
+import hashlib
 import json
 import secrets
 import time
@@ -59,11 +60,19 @@ class DaytonaSettings:
     max_tool_calls: int = 8  # host calls in flight per sandbox
 
 
-def _wrapper(code: str, token: str, variables: dict[str, str], tools: list[str]) -> str:
+def _slot(context: str) -> str:
+    """A context's directory under `.fleet/`: cells of one context run one at a time, so each
+    cell clears what the last one left (answers, frames) and nothing piles up."""
+    return ".fleet/" + hashlib.sha256(context.encode()).hexdigest()[:16]
+
+
+def _wrapper(code: str, slot: str, token: str, variables: dict[str, str], tools: list[str]) -> str:
     """The cell as sent: variables bound, SUBMIT defined, the answer written to the token's file."""
     return f"""
 import json as __fj, os as __fo
-__fd = __fo.path.join(__fo.getcwd(), ".fleet")
+import shutil as __fsh
+__fd = __fo.path.join(__fo.getcwd(), {slot!r})
+__fsh.rmtree(__fd, ignore_errors=True)
 __fv = __fj.loads({json.dumps(variables)!r})
 globals().update({{__fk: __fj.loads(__fx) for __fk, __fx in __fv.items()}})
 class __FleetSubmit(BaseException):
@@ -200,7 +209,8 @@ class DaytonaSandbox:
         ctx = self._remote_contexts[context]
         token = self._provider.gate.issue(self.id, context, secrets.token_hex(8))
         bound = {name: self._known[h] for name, h in variables.items()}
-        source = _wrapper(code, token, bound, tools)
+        slot = _slot(context)
+        source = _wrapper(code, slot, token, bound, tools)
         running = asyncio.create_task(
             self._provider.call(
                 f"exec in {self.id}",
@@ -210,7 +220,7 @@ class DaytonaSandbox:
             )
         )
         try:
-            fatal = await self._pump(token, running, relay)
+            fatal = await self._pump(slot, token, running, relay)
         finally:
             self._provider.gate.revoke(token)
         if fatal is not None:
@@ -222,7 +232,7 @@ class DaytonaSandbox:
             return ExecuteReply(
                 kind="error", stdout=stdout, error=f"{run.error.name}: {run.error.value}"
             )
-        raw = await self.read_file(f".fleet/{token}.json", 16 * 1024 * 1024)
+        raw = await self.read_file(f"{slot}/{token}.json", 16 * 1024 * 1024)
         answer = json.loads(raw)
         return ExecuteReply(
             kind=answer["kind"],
@@ -231,14 +241,16 @@ class DaytonaSandbox:
             error=answer.get("error", ""),
         )
 
-    async def _pump(self, token: str, running: "asyncio.Task[Any]", relay: ToolRelay) -> str | None:
+    async def _pump(
+        self, slot: str, token: str, running: "asyncio.Task[Any]", relay: ToolRelay
+    ) -> str | None:
         """Pull this execution's call frames through this sandbox's toolbox until it ends.
 
         What is read here is attributed to this sandbox because it was read from it; the frame
         only says which tool and with what. Returns the reason when the gate stops the cell.
         """
         gate = self._provider.gate
-        calls, replies = f".fleet/calls/{token}", f".fleet/replies/{token}"
+        calls, replies = f"{slot}/calls/{token}", f"{slot}/replies/{token}"
         seen: set[str] = set()
         answering: set[asyncio.Task[None]] = set()
 
@@ -254,7 +266,11 @@ class DaytonaSandbox:
             await self.write_file(f"{replies}/{stem}.json", json.dumps(body).encode())
 
         try:
-            while not running.done():
+            while True:
+                # waited on first: a cell that makes no host call costs no listing
+                await asyncio.wait({running}, timeout=POLL_S)
+                if running.done():
+                    break
                 try:
                     listed = await self.remote.fs.list_files(calls)
                 except DaytonaError:
@@ -282,7 +298,6 @@ class DaytonaSandbox:
                         task = asyncio.create_task(answer(stem, call))
                     answering.add(task)
                     task.add_done_callback(answering.discard)
-                await asyncio.wait({running}, timeout=POLL_S)
         finally:
             for task in answering:
                 task.cancel()
@@ -381,13 +396,14 @@ class DaytonaProvider:
     ) -> DaytonaSandbox:
         """`mounts` maps a workspace-relative path to `<volume name>/<subpath>`. `revive`: the
         Daytona sandbox outlives a dead broker; it is found by its label and taken back."""
-        if revive:
-            for remote in await self.find(sandbox_id=sandbox_id):
-                if str(getattr(remote.state, "value", remote.state)) != "started":
-                    await self.call(
-                        f"start {sandbox_id}", lambda: remote.start(self.settings.deadline_s)
-                    )
-                return DaytonaSandbox(self, sandbox_id, remote, limits)
+        found = await self.find(sandbox_id=sandbox_id) if revive else []
+        if found:
+            remote = found[0]
+            if str(getattr(remote.state, "value", remote.state)) != "started":
+                await self.call(
+                    f"start {sandbox_id}", lambda: remote.start(self.settings.deadline_s)
+                )
+            return DaytonaSandbox(self, sandbox_id, remote, limits)
         volumes = []
         for rel, spec in (mounts or {}).items():
             if PurePosixPath(str(spec)).is_absolute():

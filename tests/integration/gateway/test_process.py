@@ -125,5 +125,7 @@ def test_a_gateway_whose_port_is_taken_says_so_and_exits_non_zero(nats_server: N
     assert done.returncode != 0
     said = messages(done.stderr)
     assert any("address already in use" in line for line in said), said
-    # the runtime still ran its stop (the bus connection closed, not abandoned)
-    assert said[-2:] == ["stopping", "stopped"]
+    # the runtime still ran its stop (the bus connection closed, not abandoned); a background
+    # retry (this server is not bootstrapped) may log between the two
+    assert said[-1] == "stopped"
+    assert "stopping" in said[:-1]

@@ -168,7 +168,19 @@ async def serve_http(app: FastAPI, settings: GatewaySettings) -> Callable[[], Aw
         timeout_graceful_shutdown=HTTP_GRACE_S,
     )
     server = _EmbeddedServer(config)
-    serving = asyncio.create_task(server.serve())
+
+    async def serve() -> None:
+        # uvicorn calls sys.exit when it cannot bind; a SystemExit out of a task escapes the
+        # loop itself and skips the runtime's stop, so it becomes an ordinary start failure.
+        try:
+            await server.serve()
+        except SystemExit as exc:
+            raise RuntimeError(
+                f"HTTP could not start on {settings.host}:{settings.port} (uvicorn exit "
+                f"{exc.code}): is the port taken? Set FLEET_GATEWAY_PORT to a free one"
+            ) from None
+
+    serving = asyncio.create_task(serve())
     loop = asyncio.get_running_loop()
     deadline = loop.time() + HTTP_START_S
     while not server.started:

@@ -223,7 +223,10 @@ def test_a_run_step_is_granted_as_a_step(tenant: Tenant) -> None:
         with dspy.context(lm=main_lm, adapter=ADAPTER):
             assert rlm(text="x").answer == "ok"
         assert [c.request_kind for c in calls] == ["step"]
-        assert tenant.status(tree).granted == 1
+        assert all(c.grant_id for c in calls)  # granted, as a step of the run
+        status = tenant.status(tree)
+        # a run's own steps are bounded by max_iters, not the tree's max_llm_calls (DESIGN §5)
+        assert (status.granted, status.remaining, status.calls_recorded) == (0, 5, 1)
 
 
 def test_a_rotated_key_applies_to_the_next_call(tenant: Tenant) -> None:

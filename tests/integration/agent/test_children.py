@@ -5,10 +5,12 @@ answers the root and each child by what its prompt holds (children run concurren
 list of replies in order would not do)."""
 
 import re
+from collections.abc import Callable
 
 import pytest
 
 from fleet_agent.engine import child_run_id, root_run_id
+from fleet_events.envelope import Event
 from fleet_events.run import (
     ChildRunCompleted,
     ChildRunFailed,
@@ -40,7 +42,7 @@ NAMES = ("alpha", "beta", "gamma")
 FAN_OUT = "answers = sub_rlm_batched(['child task alpha', 'child task beta', 'child task gamma'])"
 
 
-def fan_out_script(first_cell: str, child_answer: str) -> object:
+def fan_out_script(first_cell: str, child_answer: str) -> Callable[[ScriptedRequest], Reply]:
     """Root (its task says ROOT): `first_cell`, then the fan-out, then SUBMIT of the joined
     answers; each child (its task says `child task <name>`) submits `child_answer` at once."""
 
@@ -59,12 +61,12 @@ def fan_out_script(first_cell: str, child_answer: str) -> object:
     return answer
 
 
-async def fanned_out(s: Session, turn: str) -> tuple[TurnCompleted, list[object], str]:
+async def fanned_out(s: Session, turn: str) -> tuple[TurnCompleted, list[Event], str]:
     try:
         ended = await s.ended(turn, timeout=60)
     except WaitTimeout as exc:  # say where the tree stood
-        stood = [e for e in await s.run_events(turn) if not isinstance(e, LlmCalled)]
-        for r in of_type(stood, ChildRunRequested):
+        stood: list[object] = [e for e in await s.run_events(turn) if not isinstance(e, LlmCalled)]
+        for r in of_type(await s.run_events(turn), ChildRunRequested):
             stood += [(r.child_run, e) for e in await s.events_of(r.child_run)]
         raise AssertionError(f"{exc}: {stood}") from exc
     events = await s.run_events(turn)
@@ -73,7 +75,7 @@ async def fanned_out(s: Session, turn: str) -> tuple[TurnCompleted, list[object]
     return ended, events, started.sandbox
 
 
-async def assert_children_recorded(s: Session, turn: str, events: list[object]) -> list[str]:
+async def assert_children_recorded(s: Session, turn: str, events: list[Event]) -> list[str]:
     requested = of_type(events, ChildRunRequested)
     completed = of_type(events, ChildRunCompleted)
     assert sorted(r.batch_index for r in requested) == [0, 1, 2]

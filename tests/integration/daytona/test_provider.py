@@ -283,3 +283,24 @@ SUBMIT([first, forged['ok'], forged['error'], replayed['ok'], replayed['error']]
     assert "replayed" in replayed_error
     assert [c.sandbox for c in seen] == ["sb-forge"]  # one real call; nothing else was relayed
     await box.destroy()
+
+
+async def test_a_cell_past_its_wall_time_is_terminal_and_leaves_daytona_healthy(
+    daytona: DaytonaProvider,
+) -> None:
+    box = await daytona.create("sb-loop", LIMITS)
+    reply = await box.execute(
+        context="main",
+        code="while True:\n    pass",
+        variables={},
+        blobs={},
+        tools=[],
+        output_fields=None,
+        wall_s=1,
+        relay=_no_tools,
+    )
+    assert reply.kind == "terminal"
+    assert "wall-time limit" in reply.error
+    assert box.stopped_limit == "wall_time"
+    assert daytona.circuit.failures == 0  # a user's loop is not Daytona failing
+    assert daytona.circuit.health()["ok"] is True

@@ -10,6 +10,7 @@ sandbox it asked, not to anything the cell prints.
 import asyncio
 import hashlib
 import json
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from daytona import (
     CreateSandboxFromSnapshotParams,
     DaytonaConfig,
     DaytonaError,
+    DaytonaTimeoutError,
     ListSandboxesQuery,
     VolumeMount,
 )
@@ -211,14 +213,16 @@ class DaytonaSandbox:
         bound = {name: self._known[h] for name, h in variables.items()}
         slot = _slot(context)
         source = _wrapper(code, slot, token, bound, tools)
-        running = asyncio.create_task(
-            self._provider.call(
-                f"exec in {self.id}",
-                lambda: self.remote.code_interpreter.run_code(
-                    source, context=ctx, timeout=int(wall_s) + 1
-                ),
-            )
-        )
+
+        async def cell() -> Any:
+            try:
+                return await self.remote.code_interpreter.run_code(
+                    source, context=ctx, timeout=max(1, math.ceil(wall_s))
+                )
+            except DaytonaTimeoutError:
+                return None  # the cell's own wall time, not Daytona failing: no retry, no circuit
+
+        running = asyncio.create_task(self._provider.call(f"exec in {self.id}", cell))
         try:
             fatal = await self._pump(slot, token, running, relay)
         finally:
@@ -227,6 +231,13 @@ class DaytonaSandbox:
             await self.close_context(context)
             return ExecuteReply(kind="error", error=f"{fatal}; the context's variables are lost")
         run = await running
+        if run is None:
+            reason = (
+                f"execution exceeded the {wall_s:g} s wall-time limit (time waiting on host "
+                "tools counted: Daytona's interpreter cannot pause its clock)"
+            )
+            await self.stop(reason, "wall_time")
+            return ExecuteReply(kind="terminal", error=reason)
         stdout = run.stdout + run.stderr
         if run.error is not None:  # the wrapper itself failed: only an interpreter-level error
             return ExecuteReply(

@@ -37,7 +37,7 @@ async def test_live_create_exec_files_and_delete() -> None:
             wall_s=60,
             relay=None,  # type: ignore[arg-type]
         )
-        assert reply.value == "live"
+        assert reply.value == {"output": "live"}
     finally:
         await box.destroy()
         await provider.close()

@@ -62,7 +62,7 @@ async def test_repl_state_persists_in_a_context_and_the_answer_is_not_read_from_
     failed = await run(box, "1/0")
     assert failed.kind == "error"
     assert "ZeroDivisionError" in failed.error
-    assert (await run(box, "SUBMIT(v)", v="hello")).value == "hello"
+    assert (await run(box, "SUBMIT(v)", v="hello")).value == {"output": "hello"}
     await box.destroy()
 
 
@@ -72,7 +72,7 @@ async def test_files_travel_as_bytes_both_ways(daytona: DaytonaProvider) -> None
     await box.write_file("data/blob.bin", payload)
     assert await box.read_file("data/blob.bin", 1 << 20) == payload
     reply = await run(box, "SUBMIT(len(open('data/blob.bin', 'rb').read()))")
-    assert reply.value == len(payload)
+    assert reply.value == {"output": len(payload)}
     await box.destroy()
 
 
@@ -207,8 +207,8 @@ async def test_sandbox_code_sees_none_of_the_brokers_environment(
     monkeypatch.setenv("FLEET_TEST_SECRET", "broker-only")
     box = await daytona.create("sb-env", LIMITS)
     reply = await run(box, "import os\nSUBMIT(sorted(os.environ))")
-    assert "FLEET_TEST_SECRET" not in reply.value
-    assert "DAYTONA_API_KEY" not in reply.value
+    assert "FLEET_TEST_SECRET" not in reply.value["output"]
+    assert "DAYTONA_API_KEY" not in reply.value["output"]
     await box.destroy()
 
 
@@ -237,7 +237,7 @@ async def test_host_tools_are_relayed_as_the_sandbox_that_called_them(
     box = await daytona.create("sb-tools", LIMITS)
     reply = await _tool_run(box, "SUBMIT([llm_query('a'), llm_query('b')])", relay, ["llm_query"])
     assert reply.kind == "final"
-    assert reply.value == ["answer to a", "answer to b"]
+    assert reply.value == {"output": ["answer to a", "answer to b"]}
     assert [(c.sandbox, c.context, c.name) for c in seen] == [("sb-tools", "main", "llm_query")] * 2
     await box.destroy()
 
@@ -276,7 +276,7 @@ SUBMIT([first, forged['ok'], forged['error'], replayed['ok'], replayed['error']]
 """
     reply = await _tool_run(box, code, relay, ["llm_query"])
     assert reply.kind == "final", reply
-    first, forged_ok, forged_error, replayed_ok, replayed_error = reply.value
+    first, forged_ok, forged_error, replayed_ok, replayed_error = reply.value["output"]
     assert first == "real"
     assert (forged_ok, replayed_ok) == (False, False)
     assert "malformed frame" in forged_error

@@ -68,7 +68,14 @@ def _slot(context: str) -> str:
     return ".fleet/" + hashlib.sha256(context.encode()).hexdigest()[:16]
 
 
-def _wrapper(code: str, slot: str, token: str, variables: dict[str, str], tools: list[str]) -> str:
+def _wrapper(
+    code: str,
+    slot: str,
+    token: str,
+    variables: dict[str, str],
+    tools: list[str],
+    names: list[str],
+) -> str:
     """The cell as sent: variables bound, SUBMIT defined, the answer written to the token's file."""
     return f"""
 import json as __fj, os as __fo
@@ -79,8 +86,30 @@ __fv = __fj.loads({json.dumps(variables)!r})
 globals().update({{__fk: __fj.loads(__fx) for __fk, __fx in __fv.items()}})
 class __FleetSubmit(BaseException):
     pass
+import sys as __fsys
+__fdeclared = {names!r}
+__fnames = __fdeclared or ["output"]
+__fsub = []
+def __fleet_trace(frame, event, arg):
+    if event == "line":
+        raise __FleetSubmit(__fsub[0])
+    return __fleet_trace
 def SUBMIT(*args, **kwargs):
-    raise __FleetSubmit(kwargs if kwargs else (args[0] if len(args) == 1 else list(args)))
+    if len(args) > len(__fnames):
+        raise TypeError("SUBMIT takes " + str(len(__fnames)) + " value(s) (" + ", ".join(__fnames)
+                        + "), got " + str(len(args)))
+    value = {{**dict(zip(__fnames, args)), **kwargs}}
+    missing = [n for n in __fdeclared if n not in value]
+    if missing:
+        raise TypeError("SUBMIT is missing output field(s): " + ", ".join(missing))
+    __fsub[:] = [value]
+    # an `except:` in the cell cannot carry on: every cell frame raises again at its next line
+    __fsys.settrace(lambda *a: None)
+    frame = __fsys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == "<fleet-cell>":
+        frame.f_trace = __fleet_trace
+        frame = frame.f_back
+    raise __FleetSubmit(value)
 import threading as __fth, time as __fti
 __fcalls = __fo.path.join(__fd, "calls", {token!r})
 __freps = __fo.path.join(__fd, "replies", {token!r})
@@ -112,12 +141,12 @@ for __ft in {tools!r}:
     globals()[__ft] = __fleet_tool(__ft)
 import ast as __fa
 try:
-    __fm = __fa.parse({code!r}, "<cell>")
+    __fm = __fa.parse({code!r}, "<fleet-cell>")
     __fl = __fm.body.pop() if __fm.body and isinstance(__fm.body[-1], __fa.Expr) else None
-    exec(compile(__fm, "<cell>", "exec"), globals())
+    exec(compile(__fm, "<fleet-cell>", "exec"), globals())
     __fx = None
     if __fl is not None:
-        __fx = eval(compile(__fa.Expression(__fl.value), "<cell>", "eval"), globals())
+        __fx = eval(compile(__fa.Expression(__fl.value), "<fleet-cell>", "eval"), globals())
     __fr = {{"kind": "result", "value": __fx}}
 except __FleetSubmit as __fs:
     __fr = {{"kind": "final", "value": __fs.args[0]}}
@@ -125,6 +154,9 @@ except SyntaxError as __fe:
     __fr = {{"kind": "syntax", "error": str(__fe)}}
 except Exception as __fe:
     __fr = {{"kind": "error", "error": type(__fe).__name__ + ": " + str(__fe)}}
+__fsys.settrace(None)
+if __fsub:
+    __fr = {{"kind": "final", "value": __fsub[0]}}
 __fo.makedirs(__fd, exist_ok=True)
 with open(__fo.path.join(__fd, {token!r} + ".json"), "w") as __ff:
     __ff.write(__fj.dumps(__fr, default=repr))
@@ -212,7 +244,8 @@ class DaytonaSandbox:
         token = self._provider.gate.issue(self.id, context, secrets.token_hex(8))
         bound = {name: self._known[h] for name, h in variables.items()}
         slot = _slot(context)
-        source = _wrapper(code, slot, token, bound, tools)
+        names = [str(f["name"]) for f in output_fields or []]
+        source = _wrapper(code, slot, token, bound, tools, names)
 
         async def cell() -> Any:
             try:

@@ -1,0 +1,81 @@
+"""The interpreter conformance suite (tests/integration/interpreter/test_conformance.py, the
+same functions, not a copy) against a broker on daytona over the contract fake.
+
+Four of its tests are not collected here, each for a stated reason (docs/sandboxes.md lists
+them as open); they are not skipped: they are known not to hold on this provider yet.
+"""
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet_agent.sandbox_bus import SandboxBus
+from fleet_harness.daytona_fake import DaytonaFake, fake_in_thread
+from fleet_harness.procs import Replica, start_answering
+from fleet_mesh.natsserver import NatsServer
+
+NOT_YET = {
+    "test_output_written_below_python_is_captured_too": "fd-level output of the fake's "
+    "context process is its protocol pipe; Daytona's capture is not modelled",
+    "test_a_resent_variable_is_fresh_unless_it_is_immutable": "variables are decoded per cell "
+    "on Daytona; immutable ones are not shared between cells",
+    "test_tools_dict_is_reread_and_a_removed_tool_is_gone": "tool stubs are bound per cell "
+    "and a removed one lingers in the context's globals",
+    "test_time_waiting_on_a_host_tool_does_not_count": "Daytona's interpreter timeout cannot "
+    "be paused while a host call is pending",
+}
+
+_path = Path(__file__).parents[1] / "interpreter" / "test_conformance.py"
+_spec = importlib.util.spec_from_file_location("fleet_conformance_suite", _path)
+assert _spec is not None
+assert _spec.loader is not None
+_suite = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_suite)
+globals().update(
+    {
+        name: value
+        for name, value in vars(_suite).items()
+        if (name.startswith("test_") and name not in NOT_YET) or name in ("interp", "sandbox")
+    }
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaytonaFake]:
+    with fake_in_thread(tmp_path_factory.mktemp("daytona-fake")) as made:
+        yield made
+    assert made.violations == [], made.violations
+
+
+@pytest.fixture(scope="module")
+def broker(
+    fake: DaytonaFake, nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Replica]:
+    root = tmp_path_factory.mktemp("broker-daytona")
+    replica = start_answering(
+        "sandbox-broker",
+        nats_server.url,
+        root / "broker.log",
+        {
+            "FLEET_SANDBOX_PROVIDER": "daytona",
+            "DAYTONA_API_KEY": "fake-key",
+            "DAYTONA_API_URL": fake.url,
+            "DAYTONA_TARGET": "fake",
+            "FLEET_SANDBOX_DAYTONA_SNAPSHOT": "fleet-vm",
+            "FLEET_SANDBOX_POOL_SIZE": "0",
+            "FLEET_SANDBOX_ROOT": str(root / "root"),
+            "FLEET_SANDBOX_UID_LOCKS": str(root / "uid-locks"),
+        },
+    )
+    yield replica
+    replica.stop()
+
+
+@pytest.fixture(scope="module")
+def bus(broker: Replica, nats_server: NatsServer) -> Iterator[SandboxBus]:
+    with SandboxBus(nats_server.url, tenant="t-interp-daytona") as connected:
+        yield connected

@@ -4,7 +4,9 @@ Every test ends by checking that the fake saw nothing the SDK's generated models
 """
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,17 +24,17 @@ async def fake(tmp_path: Path) -> AsyncIterator[DaytonaFake]:
     assert made.violations == [], made.violations
 
 
-def settings(fake: DaytonaFake, **overrides: object) -> DaytonaSettings:
-    base: dict[str, object] = {
-        "api_key": "fake-key",
-        "api_url": fake.url,
-        "target": "fake",
-        "replica": "r1",
-        "snapshot": "fleet-vm",
-        "deadline_s": 10.0,
-        "circuit_cool_s": 30.0,
-    }
-    return DaytonaSettings(**{**base, **overrides})  # type: ignore[arg-type]
+def settings(fake: DaytonaFake, **overrides: Any) -> DaytonaSettings:
+    base = DaytonaSettings(
+        api_key="fake-key",
+        api_url=fake.url,
+        target="fake",
+        replica="r1",
+        snapshot="fleet-vm",
+        deadline_s=10.0,
+        circuit_cool_s=30.0,
+    )
+    return replace(base, **overrides)
 
 
 @pytest.fixture

@@ -1,14 +1,18 @@
 """The `daytona` provider through the real SDK against the contract fake."""
 
+import hashlib
+import json
 import time
+from pathlib import Path
 
 import pytest
 from daytona import DaytonaConflictError
 
-from fleet_events.sandbox import Limits, ToolCall, ToolReply
+from fleet_events.sandbox import ExecuteReply, Limits, ToolCall, ToolReply
 from fleet_harness.daytona_fake import DaytonaFake
 from fleet_sandbox_broker.errors import Conflict, ForkFailed, SandboxNotFound, Unavailable
-from fleet_sandbox_broker.providers.daytona.provider import LABEL, DaytonaProvider
+from fleet_sandbox_broker.providers.base import ToolRelay
+from fleet_sandbox_broker.providers.daytona.provider import LABEL, DaytonaProvider, DaytonaSandbox
 
 from .conftest import settings
 
@@ -19,12 +23,11 @@ async def _no_tools(call: ToolCall) -> ToolReply:
     return ToolReply(ok=False, error="no tools here")
 
 
-async def run(box, code: str, context: str = "main", **variables: str):  # type: ignore[no-untyped-def]
-    import hashlib
-    import json
-
-    blobs = {}
-    digests = {}
+async def run(
+    box: DaytonaSandbox, code: str, context: str = "main", **variables: object
+) -> ExecuteReply:
+    blobs: dict[str, str] = {}
+    digests: dict[str, str] = {}
     for name, value in variables.items():
         text = json.dumps(value)
         digest = hashlib.sha256(text.encode()).hexdigest()
@@ -143,11 +146,11 @@ async def test_a_volume_is_mounted_at_its_subpath_once_ready(
     daytona: DaytonaProvider, fake: DaytonaFake
 ) -> None:
     fake.volume_ready_after = 3  # polled while pending_create, mounted only when ready
-    one = await daytona.create("sb-v1", LIMITS, mounts={"data": "shared/tenant-a"})  # type: ignore[dict-item]
+    one = await daytona.create("sb-v1", LIMITS, mounts={"data": Path("shared/tenant-a")})
     await one.write_file("data/kept.txt", b"durable")
-    two = await daytona.create("sb-v2", LIMITS, mounts={"data": "shared/tenant-a"})  # type: ignore[dict-item]
+    two = await daytona.create("sb-v2", LIMITS, mounts={"data": Path("shared/tenant-a")})
     assert await two.read_file("data/kept.txt", 100) == b"durable"
-    other = await daytona.create("sb-v3", LIMITS, mounts={"data": "shared/tenant-b"})  # type: ignore[dict-item]
+    other = await daytona.create("sb-v3", LIMITS, mounts={"data": Path("shared/tenant-b")})
     with pytest.raises(SandboxNotFound):
         await other.read_file("data/kept.txt", 100)
     assert fake.count("GET", "/volumes/by-name/{name}") >= 3
@@ -212,7 +215,9 @@ async def test_sandbox_code_sees_none_of_the_brokers_environment(
     await box.destroy()
 
 
-async def _tool_run(box, code: str, relay, tools: list[str]):  # type: ignore[no-untyped-def]
+async def _tool_run(
+    box: DaytonaSandbox, code: str, relay: ToolRelay, tools: list[str]
+) -> ExecuteReply:
     return await box.execute(
         context="main",
         code=code,

@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote
 
-from aiohttp import MultipartWriter, WSMsgType, web
+from aiohttp import BodyPartReader, MultipartWriter, WSMsgType, web
 
 from fleet_harness.daytona_fake.contract import ContractError, check_body, check_route
 from fleet_harness.daytona_fake.repl import Context
@@ -411,11 +411,13 @@ class DaytonaFake:
         box = self._box(request)
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
-            name = getattr(part, "name", "") or ""
+            if not isinstance(part, BodyPartReader):
+                raise ContractError("bulk-upload is a flat multipart form, not a nested one")
+            name = part.name or ""
             if name.endswith(".file"):
                 # the SDK puts the destination in the part's filename (form-encoded by aiohttp)
-                target = box.resolve(unquote(getattr(part, "filename", "") or ""))
-                data = await part.read()  # type: ignore[union-attr]
+                target = box.resolve(unquote(part.filename or ""))
+                data = await part.read()
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(bytes(data))
             elif not name.endswith(".path"):

@@ -56,7 +56,9 @@ export function ExecutionPanel({ view }: { view: ViewModel }) {
                   {cell.iteration != null ? ` · iteration ${cell.iteration}` : ""}
                   {cell.durationMs ? ` · ${ms(cell.durationMs)}` : ""}
                 </div>
-                <pre className="max-h-48 overflow-auto p-2 text-sm text-emerald-200">{cell.code}</pre>
+                <pre className="max-h-48 overflow-auto p-2 text-sm text-emerald-200">
+                  {cell.code}
+                </pre>
                 {cell.stdout ? (
                   <pre className="max-h-48 overflow-auto border-t border-slate-700 p-2 text-sm text-slate-100">
                     {cell.stdout}

@@ -28,6 +28,7 @@ from fleet_gateway.config import GatewaySettings
 from fleet_gateway.limits import BodyLimit
 from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_gateway.readiness import Readiness, check
+from fleet_gateway.routes import audit as audit_routes
 from fleet_gateway.routes import auth as auth_routes
 from fleet_gateway.routes import documents as document_routes
 from fleet_gateway.routes import llm_profiles as llm_profile_routes
@@ -85,6 +86,7 @@ def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app.include_router(auth_routes.router)
     app.include_router(session_routes.router)
     app.include_router(transfer_routes.router)
+    app.include_router(audit_routes.router)
     app.include_router(ws_routes.router)
     app.include_router(document_routes.router)
     app.include_router(runtime_routes.router)

@@ -313,7 +313,11 @@ class RemoteInterpreter:
         if tool is None:
             return sb.ToolReply(ok=False, error=f"Unknown tool: {call.name}")
         try:
-            result = self._caller.copy().run(tool, *call.args, **call.kwargs)
+            args, kwargs = tool_arguments(tool, call.args, call.kwargs)
+        except TypeError as exc:
+            return sb.ToolReply(ok=False, error=f"TypeError: {call.name}(): {exc}")
+        try:
+            result = self._caller.copy().run(tool, *args, **kwargs)
             if inspect.isawaitable(result):
                 result = _await_in_sync(result)
             value = to_jsonable_python(result)
@@ -336,6 +340,37 @@ class RemoteInterpreterFactory:
 
     def __call__(self) -> RemoteInterpreter:
         return RemoteInterpreter(self.bus, self.sandbox, **self.options)
+
+
+def tool_arguments(
+    tool: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments to call `tool` with, for a call sandbox code wrote as `args` and `kwargs`.
+
+    dspy.RLM wraps each user tool as a keyword-only `invoke(**kwargs)` carrying the function's
+    signature, so a positional call (`lookup("a")`) is bound to that signature and passed by
+    name. Positional-only and variadic parameters stay positional; a tool with `*args` is
+    called as written. A call that does not fit raises `TypeError` naming what is wrong
+    ("missing a required argument: 'key'"). Without a signature to read, as written."""
+    try:
+        signature = inspect.signature(tool)
+    except (TypeError, ValueError):
+        return args, kwargs
+    bound = signature.bind(*args, **kwargs)
+    parameters = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters.values()):
+        return list(bound.args), dict(bound.kwargs)
+    positional: list[Any] = []
+    named: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = parameters[name].kind
+        if kind is inspect.Parameter.POSITIONAL_ONLY:
+            positional.append(value)
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    return positional, named
 
 
 def _with_output(error: str, stdout: str) -> str:

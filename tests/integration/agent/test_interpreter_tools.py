@@ -60,8 +60,8 @@ def lookup(key: str, default: str = "none") -> str:
 def rlm_tools(*tools: Any) -> dict[str, Any]:
     """The tools exactly as dspy.RLM hands them to its interpreter."""
     rlm = dspy.RLM("question -> answer", tools=list(tools), max_iters=2)
-    tools: dict[str, Any] = rlm._prepare_execution_tools()
-    return tools
+    prepared: dict[str, Any] = rlm._prepare_execution_tools()
+    return prepared
 
 
 def test_an_rlm_wrapped_tool_takes_positional_arguments(interp: RemoteInterpreter) -> None:

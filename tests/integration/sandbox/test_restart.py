@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,8 @@ from fleet_events import sandbox as sb
 from fleet_events import streams
 from fleet_events.bus import Ping
 from fleet_events.codec import Codec
-from fleet_events.envelope import Actor, Envelope, new_id, utc_now
-from fleet_events.run import RunCompleted
+from fleet_events.envelope import Actor, Envelope, Event, new_id, utc_now
+from fleet_events.run import RunCancelled, RunCompleted, RunFailed
 from fleet_events.session import run_subject
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
@@ -228,25 +228,40 @@ def test_requests_reach_the_replica_holding_the_sandbox(brokers: Brokers, bus: S
 def test_a_restarted_broker_reaps_sandboxes_of_finished_runs_only(
     brokers: Brokers, bus: SandboxBus
 ) -> None:
+    """Every end of a run counts (`run.TERMINAL`): completed, failed and cancelled. A cancelled
+    run's sandbox was kept and revived before (only completed and failed were read)."""
     first = brokers.start("sbx-runs")
     wait_replica(bus, "sbx-runs")
-    done = create_on(bus, "sbx-runs", labels={"session": "s9", "run": "r-done", "role": "task"})
+    ends: dict[str, Event] = {
+        "r-done": RunCompleted(answer="42"),
+        "r-failed": RunFailed(error="boom"),
+        "r-cancelled": RunCancelled(reason="the user cancelled", partial_answer="half"),
+    }
+    ended = {
+        run: create_on(bus, "sbx-runs", labels={"session": "s9", "run": run, "role": "task"})
+        for run in ends
+    }
     live = create_on(bus, "sbx-runs", labels={"session": "s9", "run": "r-live", "role": "task"})
 
-    async def finish_run() -> None:
+    async def finish_runs() -> None:
         js = bus.nc.jetstream()
         store = EventStore(js, streams.SESSIONS, Codec(await JetStreamBlobs.open(js)))
-        envelope: Envelope[Any] = Envelope(
-            id=new_id(), tenant=bus.tenant, actor=Actor(service="agent", replica="test"),
-            ts=utc_now(), data=RunCompleted(answer="42"), session="s9", run="r-done",
-        )  # fmt: skip
-        await store.append(run_subject(bus.tenant, "s9", "r-done"), envelope)
+        for run, end in ends.items():
+            envelope: Envelope[Any] = Envelope(
+                id=new_id(), tenant=bus.tenant, actor=Actor(service="agent", replica="test"),
+                ts=utc_now(), data=end, session="s9", run=run,
+            )  # fmt: skip
+            await store.append(run_subject(bus.tenant, "s9", run), envelope)
 
-    bus.run(finish_run(), timeout=20)
+    bus.run(finish_runs(), timeout=20)
     first.kill()
     brokers.start("sbx-runs")
-    eventually_sync(lambda: isinstance(stream(bus, done.sandbox)[-1], sb.SandboxDeleted),
-                    timeout=30, what="the finished run's sandbox reaped")  # fmt: skip
+
+    def reaped(box: str) -> Callable[[], bool]:
+        return lambda: isinstance(stream(bus, box)[-1], sb.SandboxDeleted)
+
+    for run, info in ended.items():
+        eventually_sync(reaped(info.sandbox), timeout=30, what=f"the sandbox of {run} reaped")
     eventually_sync(lambda: isinstance(stream(bus, live.sandbox)[-1], sb.SandboxReplaced),
                     timeout=30, what="the live run's sandbox revived")  # fmt: skip
     answering(bus, live.sandbox)

@@ -89,16 +89,25 @@ async def _holder_gone(broker: Broker, view: domain.SandboxView) -> bool:
 async def settle(broker: Broker, view: domain.SandboxView, why: str) -> Held | None:
     """Reap or revive one sandbox no broker holds: the revived sandbox, or None if it was
     reaped or another broker claimed it first."""
+    if view.provider and view.provider not in broker.providers:
+        # run by a provider this broker was not configured for (Daytona's keys removed, say):
+        # acting on it with another provider would start or remove the wrong thing
+        broker.ctx.log.warning(
+            "a sandbox of a provider this broker lacks is left as it is",
+            extra={"sandbox": view.sandbox, "provider": view.provider},
+        )
+        return None
+    provider = broker.provider_of(view)
     if domain.to_reap(view, await run_finished(broker, view)):
         if await broker.claim(view, domain.reaped(view.sandbox, why)):
-            await broker.provider.discard(view.sandbox)
+            await provider.discard(view.sandbox)
         return None
     if not await broker.claim(view, domain.revived(view.sandbox, broker.ctx.replica, why)):
         return None
     try:
         return await broker.start_box(
             view.tenant, dict(view.labels), view.limits, view.spec, sandbox=view.sandbox,
-            revive=True,
+            revive=True, provider=provider,
         )  # fmt: skip
     except Exception as exc:
         broker.ctx.log.exception("could not revive a sandbox", extra={"sandbox": view.sandbox})
@@ -109,7 +118,8 @@ async def settle(broker: Broker, view: domain.SandboxView, why: str) -> Held | N
 
 
 async def run_finished(broker: Broker, view: domain.SandboxView) -> bool:
-    """Whether the run named in the sandbox's labels has ended, by its run subject."""
+    """Whether the run named in the sandbox's labels has ended (`run.TERMINAL`: completed,
+    failed or cancelled), by its run subject."""
     session, run = view.labels.get("session"), view.labels.get("run")
     if not session or not run or broker.sessions is None:
         return False
@@ -118,6 +128,5 @@ async def run_finished(broker: Broker, view: domain.SandboxView) -> bool:
     except Exception:  # an unreadable or foreign run: keep the sandbox, never guess
         broker.ctx.log.exception("cannot read a run", extra={"run": run})
         return False
-    return last is not None and isinstance(
-        last.envelope.data, run_events.RunCompleted | run_events.RunFailed
-    )
+    # every end counts: a cancelled run's sandbox is as finished as a completed one's
+    return last is not None and isinstance(last.envelope.data, run_events.TERMINAL)

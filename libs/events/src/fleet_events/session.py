@@ -389,6 +389,18 @@ STATE_EVENTS: tuple[type[Event], ...] = (
 )
 
 
+class TraceFeedbackRecorded(Event, frozen=True, kw_only=True, tag="trace.feedback_recorded"):
+    """A person's judgement of a turn's answer (`POST /api/v1/traces/feedback`), on the
+    session's log beside the turn it judges (the envelope's `turn`): what an evaluation or an
+    optimizer later reads as a label. `trace_id` is the turn's OTLP trace id."""
+
+    trace_id: str
+    is_correct: bool | None = None
+    comment: str = ""
+    expected_response: str = ""
+    user: str = ""
+
+
 EVENTS: tuple[type[Event], ...] = (
     SessionCreated,
     SessionRenamed,
@@ -401,4 +413,5 @@ EVENTS: tuple[type[Event], ...] = (
     *TURN_EVENTS,
     SnapshotTaken,
     *STATE_EVENTS,
+    TraceFeedbackRecorded,
 )

@@ -4,7 +4,7 @@ share a bucket; tokens come back at the rate."""
 import pytest
 
 from fleet_gateway.errors import ApiError
-from fleet_gateway.quotas import RateLimiter
+from fleet_gateway.quotas import Allowance, RateLimiter, take_bytes
 
 
 class Clock:
@@ -56,3 +56,18 @@ def test_a_slow_rate_says_the_whole_wait() -> None:
     with pytest.raises(ApiError) as over:
         limiter.charge("acme")
     assert over.value.headers["Retry-After"] == "10"
+
+
+def test_an_upload_allowance_starts_full_refills_over_its_window_and_never_beyond() -> None:
+    after, wait = take_bytes(None, 100.0, 600, capacity=1000, window_s=100.0)
+    assert (after, wait) == (Allowance(400.0, 100.0), 0.0)
+    short, wait = take_bytes(after, 100.0, 600, capacity=1000, window_s=100.0)
+    assert short == Allowance(400.0, 100.0)
+    assert wait == pytest.approx(20.0)  # 200 bytes short at 10 bytes/s
+    later, wait = take_bytes(after, 120.0, 600, capacity=1000, window_s=100.0)
+    assert (later, wait) == (Allowance(0.0, 120.0), 0.0)
+    idle, _ = take_bytes(later, 10_000.0, 0, capacity=1000, window_s=100.0)
+    assert idle.bytes == 1000.0
+    # a clock that went back (another replica's) never adds bytes
+    back, _ = take_bytes(Allowance(10.0, 50.0), 40.0, 0, capacity=1000, window_s=100.0)
+    assert back.bytes == 10.0

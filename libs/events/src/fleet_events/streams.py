@@ -70,7 +70,13 @@ TICKETS = KvSpec(
     ttl_s=300.0,
     description="single-use WebSocket tickets: any gateway replica redeems one exactly once",
 )
-KV_BUCKETS = (CONFIG, SNAPSHOTS, SECRETS, TICKETS)
+GATEWAY = KvSpec(
+    "fleet-gateway",
+    history=1,
+    max_value_size=4 * 1024,
+    description="the gateway's shared state: API tokens (hashed), per-tenant upload allowances",
+)
+KV_BUCKETS = (CONFIG, SNAPSHOTS, SECRETS, TICKETS, GATEWAY)
 
 BLOBS = ObjectStoreSpec("fleet-blobs", description="payloads over the inline limit")
 OBJECT_STORES = (BLOBS,)

@@ -23,10 +23,12 @@ from nats.aio.client import Client
 
 from fleet_events.asyncapi import asyncapi
 from fleet_gateway import components, errors, ui
+from fleet_gateway.api_tokens import ApiTokens
 from fleet_gateway.auth import Authenticator
 from fleet_gateway.config import GatewaySettings
 from fleet_gateway.limits import BodyLimit
 from fleet_gateway.projections import ProjectionStore, Projector
+from fleet_gateway.quotas import UploadQuota
 from fleet_gateway.readiness import Readiness, check
 from fleet_gateway.routes import audit as audit_routes
 from fleet_gateway.routes import auth as auth_routes
@@ -61,6 +63,8 @@ class GatewayState:
     store: EventStore | None = None
     projections: ProjectionStore | None = None
     projector: Projector | None = None
+    api_tokens: ApiTokens | None = None
+    uploads: UploadQuota | None = None
     body_limits: dict[str, int] = field(default_factory=dict)
     """Path prefix → body limit for routes that take more than `max_body_bytes` (uploads)."""
 

@@ -1,9 +1,12 @@
 """Who is asking: a `Principal` (tenant, user, admin) from the request's bearer token, and
 nothing else. No route reads a tenant or a user from a query, a path or a body.
 
-Two kinds of token are accepted, each with its own keys, so one can never pass for the other:
+Three kinds of token are accepted, each with its own keys, so one can never pass for another:
 
-- **Gateway tokens** (API tokens, and the development token `fleet up` prints): HS256 JWTs
+- **API tokens** (`flt.<tenant>.<id>.<secret>`, `fleet_gateway.api_tokens`): a random secret
+  whose SHA-256 the gateway's KV holds, looked up on every request so a revocation holds on
+  every replica at once.
+- **Gateway tokens** (the development token `fleet up` prints): HS256 JWTs
   signed with a secret generated on first run in the data dir (`dev_token(data_dir)`), issuer
   `fleet-gateway`. Only HS256 is tried with that secret, so an RS256 public key can never be
   used as an HMAC secret (the classic algorithm confusion).
@@ -18,7 +21,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import httpx
 import jwt
@@ -167,9 +170,20 @@ class JwksVerifier:
         return claims
 
 
+API_TOKEN_PREFIX = "flt."  # noqa: S105 - the shape of an API token, not a secret
+
+
+class TokenStore(Protocol):
+    """API tokens (`fleet_gateway.api_tokens.ApiTokens`), looked up on every request."""
+
+    async def verify(self, token: str) -> "Principal": ...
+
+
 class Authenticator:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
+        self.api_tokens: TokenStore | None = None
+        """Set once the gateway's KV bucket is open (`components`)."""
         # The door meters what it admits: every authenticated request costs its tenant a token.
         self.rate = RateLimiter(settings.tenant_rps, settings.tenant_burst)
         self._secret = signing_secret(settings.data_dir) if settings.data_dir else None
@@ -208,6 +222,16 @@ class Authenticator:
             )
         if len(token) > MAX_TOKEN_CHARS:
             raise _unauthorized("invalid_token", f"the token is over {MAX_TOKEN_CHARS} characters")
+        if token.startswith(API_TOKEN_PREFIX):
+            if self.api_tokens is None:
+                raise ApiError(
+                    503,
+                    "not_ready",
+                    "the gateway is waiting for the mesh's buckets, where API tokens live; "
+                    "retry shortly (see GET /ready)",
+                    headers={"Retry-After": "1"},
+                )
+            return await self.api_tokens.verify(token)
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:

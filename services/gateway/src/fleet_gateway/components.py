@@ -1,6 +1,7 @@
 """What the gateway opens once it is on the bus: the authenticator, the ticket bucket, the
-event store and this replica's read models with their projector. `attach` runs in both
-compositions (the process's `setup` and `create_app`'s lifespan), and stops what it started.
+gateway's KV (API tokens, upload allowances), the event store and this replica's read models
+with their projector. `attach` runs in both compositions (the process's `setup` and
+`create_app`'s lifespan), and stops what it started.
 """
 
 import asyncio
@@ -13,9 +14,11 @@ from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundErr
 
 from fleet_events import streams
 from fleet_events.codec import Codec
+from fleet_gateway.api_tokens import ApiTokens
 from fleet_gateway.auth import Authenticator
 from fleet_gateway.errors import ApiError
 from fleet_gateway.projections import ProjectionStore, Projector
+from fleet_gateway.quotas import UploadQuota
 from fleet_gateway.tickets import Tickets
 from fleet_mesh import service
 from fleet_mesh.blobs import JetStreamBlobs
@@ -41,11 +44,18 @@ STOP_S = 5.0
 async def _open(state: "GatewayState", ctx: service.ServiceContext) -> None:
     settings = state.settings
     tickets = Tickets(await ctx.js.key_value(streams.TICKETS.bucket), settings.ticket_ttl_s)
+    shared = await ctx.js.key_value(streams.GATEWAY.bucket)
+    state.api_tokens = ApiTokens(shared)
+    state.uploads = UploadQuota(
+        shared, settings.tenant_upload_bytes, settings.tenant_upload_window_s
+    )
     store = await open_store(ctx.js, streams.SESSIONS)
     codec = Codec(await JetStreamBlobs.open(ctx.js))
     projections = ProjectionStore(projection_path(settings.data_dir, state.replica))
     state.tickets, state.store, state.projections = tickets, store, projections
     state.projector = Projector(ctx.nc, store, codec, projections)
+    if state.auth is not None:
+        state.auth.api_tokens = state.api_tokens
 
 
 async def attach(state: "GatewayState", ctx: service.ServiceContext) -> None:

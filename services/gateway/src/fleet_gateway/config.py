@@ -44,6 +44,12 @@ class GatewaySettings(BaseSettings):
     tenant_burst: float = Field(default=100.0, ge=1)
     tenant_concurrent_turns: int = Field(default=8, ge=1)
     """Turns one tenant may have queued or running at once, across its sessions."""
+    tenant_upload_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
+    """Bytes one tenant may upload (documents and checkouts, shared by every replica) per
+    `tenant_upload_window_s`; the allowance refills evenly over the window."""
+    tenant_upload_window_s: float = Field(default=3600.0, gt=0)
+    api_token_max_ttl_s: float = Field(default=365 * 24 * 3600.0, gt=0)
+    """The longest an API token (`POST /api/v1/auth/tokens`) may be issued for."""
     read_wait_max_s: float = Field(default=5.0, gt=0, le=60)
     """The longest a read with `min_seq` waits for this replica's projections to catch up."""
     ws_queue_limit: int = Field(default=1024, ge=1, le=100_000)

@@ -10,12 +10,18 @@ others.
   (`FLEET_GATEWAY_TENANT_CONCURRENT_TURNS`). Two requests landing on two replicas in the same
   instant can both pass (each folded the other's only later): the overshoot is bounded by the
   number of replicas, and the agent's one-turn-per-session rule still holds exactly.
+- **Upload bytes**: shared, a byte bucket per tenant in the gateway KV (`UploadQuota`),
+  charged by the document and checkout uploads before anything is stored.
 """
 
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import msgspec
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
 
 from fleet_gateway.errors import ApiError
 
@@ -70,3 +76,92 @@ def turns_over_quota(tenant: str, active: int, limit: int) -> ApiError:
         details={"active_turns": active, "limit": limit},
         headers={"Retry-After": "2"},
     )
+
+
+# Upload bytes: one allowance per tenant, shared by every replica through the gateway's KV
+# bucket (`uploads.<tenant>`), because what it protects (the object store) is shared too. An
+# upload is rare and large, so the compare-and-set round trip it costs is nothing beside it.
+
+
+class Allowance(msgspec.Struct, frozen=True):
+    """A tenant's upload bucket as stored: `bytes` left at wall time `at`."""
+
+    bytes: float
+    at: float
+
+
+def take_bytes(
+    held: Allowance | None, now: float, size: int, capacity: int, window_s: float
+) -> tuple[Allowance, float]:
+    """Refill `held` to `now` (capacity per window, never above it) and take `size` bytes:
+    (the bucket after, 0.0) when it held enough, else (the bucket refilled, the seconds until
+    it will). A tenant never seen starts full."""
+    rate = capacity / window_s
+    level = float(capacity) if held is None else held.bytes + max(0.0, now - held.at) * rate
+    level = min(float(capacity), level)
+    if level >= size:
+        return Allowance(level - size, now), 0.0
+    return Allowance(level, now), (size - level) / rate
+
+
+UPLOAD_TRIES = 10
+
+
+class UploadQuota:
+    """`charge(tenant, size, what)` before an upload is stored: 429 `upload_quota_exceeded`
+    with `Retry-After` when the tenant's allowance is short, 413 `upload_over_quota` when
+    the upload is bigger than the whole allowance (waiting would never help)."""
+
+    def __init__(self, kv: KeyValue, capacity: int, window_s: float) -> None:
+        self._kv, self.capacity, self.window_s = kv, capacity, window_s
+
+    async def charge(self, tenant: str, size: int, what: str) -> None:
+        if size > self.capacity:
+            raise ApiError(
+                413,
+                "upload_over_quota",
+                f"the {what} is {size} bytes, more than tenant {tenant!r}'s whole upload "
+                f"allowance of {self.capacity} bytes per {self.window_s:g} s: send it in "
+                "smaller parts, or ask the operator to raise FLEET_GATEWAY_TENANT_UPLOAD_BYTES",
+                details={"size": size, "allowance_bytes": self.capacity},
+            )
+        key = f"uploads.{tenant}"
+        for _ in range(UPLOAD_TRIES):
+            try:
+                entry = await self._kv.get(key)
+            except KeyNotFoundError:
+                held, revision = None, None
+            else:
+                held = msgspec.json.decode(entry.value or b"", type=Allowance)
+                revision = entry.revision
+            after, wait = take_bytes(held, time.time(), size, self.capacity, self.window_s)
+            if wait > 0:
+                raise ApiError(
+                    429,
+                    "upload_quota_exceeded",
+                    f"tenant {tenant!r} has {int(after.bytes)} of its {self.capacity} upload "
+                    f"bytes per {self.window_s:g} s left, and this {what} is {size} bytes; "
+                    f"retry after {math.ceil(wait)} s",
+                    details={
+                        "size": size,
+                        "remaining_bytes": int(after.bytes),
+                        "allowance_bytes": self.capacity,
+                        "window_s": self.window_s,
+                    },
+                    headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                )
+            value = msgspec.json.encode(after)
+            try:
+                if revision is None:
+                    await self._kv.create(key, value)
+                else:
+                    await self._kv.update(key, value, last=revision)
+                return
+            except (KeyWrongLastSequenceError, APIError):  # another upload charged first
+                continue
+        raise ApiError(
+            503,
+            "quota_busy",
+            f"tenant {tenant!r}'s upload allowance kept changing under {UPLOAD_TRIES} tries; retry",
+            headers={"Retry-After": "1"},
+        )

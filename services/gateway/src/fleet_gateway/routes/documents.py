@@ -10,6 +10,9 @@
   broker starts the session's sandbox with them as `context_files` and `local_checkout=True`
   (so children get the bounded text snapshot the isolation policy gives a checkout with no
   repo URL); `SandboxAttached` on the log makes it the session's sandbox.
+
+Both charge the tenant's upload allowance (`quotas.UploadQuota`, shared by every replica) with
+the bytes they would store, once everything else is checked and before anything is stored.
 """
 
 import io
@@ -33,12 +36,13 @@ from fleet_events.session import (
 )
 from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
+from fleet_gateway.quotas import UploadQuota
 from fleet_gateway.sessionlog import checked_session, session_log
 from fleet_mesh import rpc
 
 router = APIRouter(prefix="/api/v1/sessions", tags=["documents"])
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 404, 413, 415, 422)
+    code: {"model": ErrorBody} for code in (401, 404, 413, 415, 422, 429, 503)
 }
 MAX_DOCUMENT_BYTES = 10 * 1024 * 1024
 MAX_CHECKOUT_BYTES = 50 * 1024 * 1024
@@ -79,6 +83,19 @@ async def _read(upload: UploadFile, limit: int, what: str) -> bytes:
     return data
 
 
+async def _charge(request: Request, tenant: str, size: int, what: str) -> None:
+    """The tenant's upload allowance (shared by every replica): 429 with `Retry-After` when
+    it is short now, 413 when `size` is over the whole of it; charged before anything is
+    stored, after everything else was checked (a refused upload costs no allowance)."""
+    uploads: UploadQuota | None = request.app.state.gateway.uploads
+    if uploads is None:
+        raise ApiError(
+            503, "not_ready", "the gateway is waiting for the mesh's buckets; retry shortly",
+            headers={"Retry-After": "1"},
+        )  # fmt: skip
+    await uploads.charge(tenant, size, what)
+
+
 def _alias(alias: str | None, filename: str | None) -> str:
     name = alias or posixpath.splitext(posixpath.basename(filename or ""))[0] or "document"
     if not ALIAS.fullmatch(name):
@@ -114,6 +131,7 @@ async def upload_document(
     h = await session_log(request)
     if (await h.store.head(log_subject(tenant, session))).seq == 0:
         raise not_found("session", session)  # before the blob: a refusal stores nothing
+    await _charge(request, tenant, len(data), "document")
     ref = await h.blobs.put(tenant, data)
     doc = DocumentRef(
         alias=name, source="upload", origin=file.filename or name, blob=ref, chars=len(text),
@@ -177,6 +195,7 @@ async def upload_checkout(
     h = await session_log(request)
     if (await h.store.head(log_subject(tenant, session))).seq == 0:
         raise not_found("session", session)
+    await _charge(request, tenant, sum(len(data) for data in files.values()), "checkout")
     refs: dict[str, BlobRef] = {
         path: await h.blobs.put(tenant, data) for path, data in files.items()
     }

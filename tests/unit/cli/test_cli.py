@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from fleet_cli.main import app
+from fleet_cli.main import cli
 from fleet_mesh.natsserver import free_port
+
+app = cli()  # every command, as `fleet --help` has them
 
 
 def said(result: Result) -> str:

@@ -9,9 +9,11 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from fleet_cli.client import ClientError, find_target
-from fleet_cli.main import app
+from fleet_cli.main import cli
 from fleet_gateway.auth import SECRET_FILE, dev_token
 from fleet_mesh.natsserver import free_port
+
+app = cli()  # every command, as `fleet --help` has them
 
 
 def said(result: Result) -> str:

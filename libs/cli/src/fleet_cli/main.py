@@ -1,36 +1,25 @@
 """`fleet`: start the local mesh (`up`) and ask it how it is (`status`)."""
 
-import asyncio
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.logging import RichHandler
 
-from fleet_cli import display
-from fleet_cli.children import ChildView
 from fleet_cli.commands import register
-from fleet_cli.localllm.errors import LocalLlmError
-from fleet_cli.localllm.paths import Cache, default_cache
-from fleet_cli.localllm.up import (
-    AUTO,
-    LlmOptions,
-    LlmUnavailable,
-    check_mode,
-    hook,
-    secrets_env,
-)
-from fleet_cli.mesh import CannotStart, UpOptions, gateway_dir, preflight, up
-from fleet_cli.status import ask, gateway_url, wait_ready
-from fleet_gateway.auth import dev_token
-from fleet_mesh.logs import JsonFormatter
-from fleet_mesh.natsserver import free_port
 
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Sequence
+
+    from fleet_cli.localllm.up import LlmOptions
+    from fleet_cli.mesh import UpOptions
+
+# What `fleet up` and `fleet status` need (the supervisor, NATS, the local model, httpx) is
+# imported inside them: `fleet audit verify` of a big export must not pay half a second of
+# imports it never uses (bench/cli_verify.py).
 log = logging.getLogger("fleet.up")
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 # Logs and CI are not terminals: give tables room there instead of rich's 80-column default.
@@ -42,6 +31,12 @@ DataDir = Annotated[
 
 
 def _logging(log_file: Path) -> None:
+    import os
+
+    from rich.logging import RichHandler
+
+    from fleet_mesh.logs import JsonFormatter
+
     log_file.parent.mkdir(parents=True, exist_ok=True)
     to_file = logging.FileHandler(log_file)
     to_file.setFormatter(JsonFormatter("fleet-up", str(os.getpid())))
@@ -64,12 +59,21 @@ def up_command(
             help="local | none | <profile>; default: local unless FLEET_LLM_* or a stored "
             "profile names a model (docs/local-llm.md)"
         ),
-    ] = AUTO,
+    ] = "auto",  # fleet_cli.localllm.up.AUTO (tests/unit/cli/test_cli.py checks they agree)
     llm_port: Annotated[int, typer.Option(help="local LLM server port; 0 picks a free one")] = 8181,
     ready_timeout: Annotated[float, typer.Option(help="seconds to wait for /ready")] = 60.0,
     grace: Annotated[float, typer.Option(help="seconds between SIGTERM and SIGKILL")] = 10.0,
 ) -> None:
     """Start NATS (or join $NATS_URL), bootstrap it, run every service; Ctrl-C stops all."""
+    import asyncio
+    import os
+
+    from fleet_cli.localllm.errors import LocalLlmError
+    from fleet_cli.localllm.paths import Cache, default_cache
+    from fleet_cli.localllm.up import LlmOptions, LlmUnavailable, check_mode, secrets_env
+    from fleet_cli.mesh import CannotStart, UpOptions, preflight
+    from fleet_mesh.natsserver import free_port
+
     try:
         llm = check_mode(llm)
     except LlmUnavailable as exc:
@@ -105,7 +109,15 @@ def up_command(
         raise typer.Exit(2) from None
 
 
-async def _up(options: UpOptions, llm: LlmOptions, ready_timeout: float) -> None:
+async def _up(options: "UpOptions", llm: "LlmOptions", ready_timeout: float) -> None:
+    import asyncio
+    import signal
+
+    from fleet_cli import display
+    from fleet_cli.children import ChildView
+    from fleet_cli.localllm.up import hook
+    from fleet_cli.mesh import up
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -133,9 +145,14 @@ async def _up(options: UpOptions, llm: LlmOptions, ready_timeout: float) -> None
 
 
 async def _announce(
-    options: UpOptions, started: asyncio.Event, stop: asyncio.Event, ready_timeout: float
+    options: "UpOptions", started: "asyncio.Event", stop: "asyncio.Event", ready_timeout: float
 ) -> None:
     """Once the processes are up, wait for /ready and print the URL (or why it is not)."""
+    from fleet_cli import display
+    from fleet_cli.mesh import gateway_dir
+    from fleet_cli.status import wait_ready
+    from fleet_gateway.auth import dev_token
+
     await started.wait()
     answer = await wait_ready(options.gateway_url, ready_timeout)
     if stop.is_set():
@@ -161,6 +178,11 @@ def status_command(
     ] = None,
 ) -> None:
     """Ask the gateway's /ready and show every component; exit 0 only when all are up."""
+    import asyncio
+
+    from fleet_cli import display
+    from fleet_cli.status import ask, gateway_url
+
     answer = asyncio.run(ask(gateway_url(data_dir.resolve(), url)))
     if answer.status_code is None:
         console.print(
@@ -171,8 +193,10 @@ def status_command(
     raise typer.Exit(0 if answer.ready else 1)
 
 
-register(app)
+def cli(argv: "Sequence[str] | None" = None) -> typer.Typer:
+    """The `fleet` app with the client commands `argv` needs (all of them when None)."""
+    return register(app, argv)
 
 
 def main() -> None:
-    app()
+    cli(sys.argv[1:])()

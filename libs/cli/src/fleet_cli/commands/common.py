@@ -1,14 +1,14 @@
 """What every client command shares: where the mesh is, and one way to fail."""
 
-import asyncio
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
-from fleet_cli.client import ClientError, Gateway, find_target
+if TYPE_CHECKING:  # imported when used: `fleet audit verify FILE` never talks to a gateway
+    from fleet_cli.client import Gateway
 
 T = TypeVar("T")
 # Progress and errors on stderr, so stdout carries only what a pipe wants (an answer, JSON).
@@ -29,7 +29,9 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     return typer.Exit(code)
 
 
-def gateway(data_dir: Path) -> Gateway:
+def gateway(data_dir: Path) -> "Gateway":
+    from fleet_cli.client import ClientError, Gateway, find_target
+
     try:
         return Gateway(find_target(data_dir.resolve()))
     except ClientError as exc:
@@ -38,6 +40,10 @@ def gateway(data_dir: Path) -> Gateway:
 
 def call(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run one client coroutine; a `ClientError` becomes its message and exit status 2."""
+    import asyncio
+
+    from fleet_cli.client import ClientError
+
     try:
         return asyncio.run(coroutine)
     except ClientError as exc:

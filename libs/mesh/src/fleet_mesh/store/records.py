@@ -12,17 +12,10 @@ from typing import Any
 
 import msgspec
 
-from fleet_events.chain import HASH_HEADER, PREV_HEADER, ChainFault, ChainVerifier
-from fleet_events.signing import (
-    KEY_HEADER,
-    KEYSET_KIND,
-    SIG_HEADER,
-    Checkpoint,
-    CheckpointIndex,
-    KeySet,
-    SigningError,
-    checkpoint_chain_problem,
-)
+from fleet_events.chain import HASH_HEADER, PREV_HEADER
+from fleet_events.signing import KEY_HEADER, SIG_HEADER, Checkpoint, KeySet
+from fleet_mesh.offline import check_lines
+from fleet_mesh.offline import exported_keys as exported_keys  # where callers found it
 from fleet_mesh.store.headers import MSG_ID
 from fleet_mesh.store.model import Head, Loaded, RawEvent, Verification
 
@@ -85,16 +78,6 @@ def keyset_line(keys: KeySet) -> bytes:
     return json.dumps(keys.to_json(), separators=(",", ":")).encode()
 
 
-def exported_keys(lines: Iterable[bytes]) -> KeySet | None:
-    """The key set an export says it was signed with (to show, or to pin once after comparing
-    it with the deployment's), or None."""
-    for line in lines:
-        row = json.loads(line)
-        if isinstance(row, dict) and row.get("kind") == KEYSET_KIND:
-            return KeySet.from_json(row)
-    return None
-
-
 def verify_export(
     lines: Iterable[bytes],
     *,
@@ -106,36 +89,7 @@ def verify_export(
     and, with pinned `keys`, every signature; with `checkpoints` (signed by a pinned
     checkpoint key), every pinned head: with `within` (the filter the export was cut with),
     a pinned subject missing from the export is a fault too. Without `keys` only the chain is
-    checked, which anyone able to write the file can recompute: an auditor pins keys."""
-    fault = _checkpoint_fault(checkpoints, keys)
-    if fault is not None:
-        return Verification(0, fault)
-    pinned = CheckpointIndex.of(checkpoints, within) if checkpoints else None
-    verifier = ChainVerifier(keys=keys, checkpoints=pinned)
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-            if row.get("kind") == KEYSET_KIND:
-                continue
-            payload = base64.b64decode(row["payload"], validate=True)
-            subject, seq, event_id = str(row["subject"]), int(row["seq"]), str(row["id"])
-            prev, claimed = row.get("prev"), row.get("hash")
-            key_id, sig = row.get("key"), row.get("sig")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            fault = ChainFault("?", -1, "?", f"export line {number} is unreadable: {exc!r}")
-            return Verification(verifier.checked, fault)
-        if verifier.feed(subject, seq, event_id, prev, claimed, payload, key_id, sig):
-            break
-    return Verification(verifier.checked, verifier.finish(all_pinned=within is not None))
-
-
-def _checkpoint_fault(checkpoints: Sequence[Checkpoint], keys: KeySet | None) -> ChainFault | None:
-    if not checkpoints:
-        return None
-    if keys is None:
-        return ChainFault("?", -1, "?", "checkpoints given without pinned keys to check them")
-    try:
-        problem = checkpoint_chain_problem(checkpoints, keys)
-    except SigningError as exc:
-        problem = str(exc)
-    return None if problem is None else ChainFault("?", -1, "?", f"checkpoints: {problem}")
+    checked, which anyone able to write the file can recompute: an auditor pins keys. The rule
+    itself is `fleet_mesh.offline.check_lines` (importable without NATS)."""
+    checked, fault = check_lines(lines, keys=keys, checkpoints=checkpoints, within=within)
+    return Verification(checked, fault)

@@ -5,9 +5,13 @@ it folded at), it folds again, finds its attempt superseded, and records nothing
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from fleet_agent.runners import CancelToken, EchoRunner, ScriptedRunner
@@ -20,7 +24,7 @@ from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import AppendConflict, Appended, Head
 from fleet_mesh.work import Delivery, Settle
 
-from .turn_kit import TERMINAL, mesh
+from .turn_kit import TERMINAL, Mesh, mesh
 from .turn_kit import server as server
 
 FROZEN = Actor(service="agent", replica="frozen")
@@ -114,3 +118,93 @@ async def test_a_cancel_the_subscription_missed_is_read_from_the_log(
         assert await asyncio.wait_for(handling, 20) is Settle.ACK
         ended = await m.ended(t, "s", turn)
         assert ended == TurnCancelled(reason="missed by the subscription", partial="one", attempt=1)
+
+
+class LateInterest:
+    """A connection whose subscriptions reach the server late. nats.py's `subscribe` returns
+    once the SUB is queued, not once the server holds the interest; here the interest arrives
+    only when `flush` is awaited (what makes it certain on a real connection) or when the test
+    opens `gate`, so the window a real connection leaves open by chance is held open."""
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self.gate = asyncio.Event()
+        self._registered: list[asyncio.Task[Subscription]] = []
+
+    async def subscribe(self, subject: str, cb: Callable[[Msg], Awaitable[None]]) -> "_Later":
+        async def register() -> Subscription:
+            await self.gate.wait()
+            sub = await self._nc.subscribe(subject, cb=cb)
+            await self._nc.flush()
+            return sub
+
+        task = asyncio.create_task(register())
+        self._registered.append(task)
+        return _Later(task)
+
+    async def flush(self, timeout: float = 10) -> None:
+        self.gate.set()
+        await asyncio.wait_for(asyncio.gather(*self._registered), timeout)
+
+
+class _Later:
+    def __init__(self, task: "asyncio.Task[Subscription]") -> None:
+        self._task = task
+
+    async def unsubscribe(self) -> None:
+        if self._task.done():
+            await self._task.result().unsubscribe()
+        else:
+            self._task.cancel()
+
+
+class CancelRightAfterStart(TurnLog):
+    """Once this worker's `TurnStarted` is stored, the user's cancel lands, and only then may
+    the late subscription reach the server."""
+
+    def __init__(self, m: Mesh, late: LateInterest, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self._m = m
+        self._late = late
+
+    async def append(self, *args: object, **kwargs: object) -> Appended:
+        appended = await super().append(*args, **kwargs)  # type: ignore[arg-type]
+        tenant, session, turn, event = args[:4]
+        if isinstance(event, TurnStarted):
+            await self._m.cancel(str(tenant), str(session), str(turn), reason="right after start")
+            self._late.gate.set()
+        return appended
+
+
+async def test_a_cancel_stored_before_the_watch_is_live_is_not_missed(
+    server: NatsServer, tmp_path: Path
+) -> None:
+    """The cancel is stored after the worker folded and started the turn, but before its
+    subscription is live at the server: the worker must wait for the interest to be live
+    before it folds, so the cancel is either in the fold or heard (the log poll is an hour
+    away here, so only that can catch it). Before the fix the turn ran on, deaf to it."""
+    async with mesh(server, tmp_path) as m:
+        t, turn = f"t-{new_id()[:8]}", new_id()
+        seq = await m.append(t, "s", turn, TurnRequested(message="one [hold:late] two"))
+        late = LateInterest(m.nc)
+        worker = TurnWorker(
+            cast(Client, late), CancelRightAfterStart(m, late, m.store, m.codec, FROZEN),
+            m.codec, ScriptedRunner(tmp_path), replica=FROZEN.replica, max_attempts=3,
+            logger=logging.getLogger("test"), cancel_poll_s=3600,
+        )  # fmt: skip
+        work = TurnWork(tenant=t, session="s", turn=turn, requested_seq=seq)
+        delivery = Delivery(
+            subject="fleet.work.agent.turn", data=msgspec.json.encode(work), headers={},
+            stream_seq=1, attempt=1,
+        )  # fmt: skip
+        handling = asyncio.create_task(worker.handle(delivery))
+        try:  # nothing releases the barrier: only the cancel ends this turn
+            settled = await asyncio.wait_for(asyncio.shield(handling), 20)
+        finally:
+            m.release("late")
+            await asyncio.wait_for(handling, 20)  # let it end either way, then judge it
+        assert settled is Settle.ACK
+        ended = await m.ended(t, "s", turn)
+        assert isinstance(ended, TurnCancelled)
+        assert (ended.reason, ended.attempt) == ("right after start", 1)
+        assert ended.partial in ("", "one")  # stopped before or at the barrier, never past it

@@ -88,7 +88,11 @@ class TurnWorker:
 
     async def _watch_cancels(self, work: TurnWork, token: CancelToken) -> Subscription:
         """Listen before folding, so a cancel stored between the fold and the run is seen
-        either in the fold or here."""
+        either in the fold or here. `subscribe` returns once the SUB is queued, not once the
+        server holds the interest: the flush waits for that, so the fold that follows reads
+        the log from a position no later than the one the subscription hears from (a cancel
+        stored in between is in the fold, or refuses the `TurnStarted` append that expects
+        the folded head, and the refold has it)."""
 
         async def on_message(msg: Msg) -> None:
             if (msg.headers or {}).get(TYPE_HEADER) != CANCEL:
@@ -100,7 +104,13 @@ class TurnWorker:
             if envelope.turn == work.turn and isinstance(envelope.data, CancelRequested):
                 token.cancel(envelope.data.reason)
 
-        return await self._nc.subscribe(log_subject(work.tenant, work.session), cb=on_message)
+        sub = await self._nc.subscribe(log_subject(work.tenant, work.session), cb=on_message)
+        try:
+            await self._nc.flush()
+        except BaseException:
+            await sub.unsubscribe()
+            raise
+        return sub
 
     async def _poll_cancels(self, work: TurnWork, token: CancelToken) -> None:
         """The core subscription misses what is stored while the connection is down: every

@@ -7,17 +7,26 @@ import {
   Outlet,
   RouterProvider,
 } from "@tanstack/react-router";
-import { StrictMode } from "react";
+import { type ReactNode, StrictMode } from "react";
 import { createRoot } from "react-dom/client";
 import { AuthProvider, useAuth } from "./app/auth";
 import { Login } from "./app/Login";
+import { SandboxesPage } from "./app/SandboxesPage";
+import { SessionsPage } from "./app/SessionsPage";
+import { SettingsPage } from "./app/SettingsPage";
+import { VolumesPage } from "./app/VolumesPage";
 import { Workspace } from "./app/Workspace";
 import "./index.css";
 
-function Guard({ session }: { session: string | null }) {
+function Guard({ children }: { children: ReactNode }) {
   const { api } = useAuth();
-  return api ? <Workspace session={session} /> : <Navigate to="/" />;
+  return api ? children : <Navigate to="/" />;
 }
+
+const seqParam = (value: unknown): number | undefined => {
+  const n = Number(value);
+  return Number.isInteger(n) && n > 0 ? n : undefined;
+};
 
 function Home() {
   const { api } = useAuth();
@@ -29,17 +38,64 @@ const home = createRoute({ getParentRoute: () => root, path: "/", component: Hom
 const workspace = createRoute({
   getParentRoute: () => root,
   path: "/workspace",
-  component: () => <Guard session={null} />,
+  component: () => (
+    <Guard>
+      <Workspace session={null} />
+    </Guard>
+  ),
 });
 const session = createRoute({
   getParentRoute: () => root,
   path: "/workspace/$sessionId",
+  validateSearch: (search: Record<string, unknown>): { at?: number } => ({
+    at: seqParam(search.at),
+  }),
   component: function SessionRoute() {
     const { sessionId } = session.useParams();
-    return <Guard session={sessionId} />;
+    const { at } = session.useSearch();
+    return (
+      <Guard>
+        <Workspace session={sessionId} at={at} />
+      </Guard>
+    );
   },
 });
-const router = createRouter({ routeTree: root.addChildren([home, workspace, session]) });
+const sessions = createRoute({
+  getParentRoute: () => root,
+  path: "/sessions",
+  validateSearch: (search: Record<string, unknown>): { id?: string } => ({
+    id: typeof search.id === "string" && search.id ? search.id : undefined,
+  }),
+  component: function SessionsRoute() {
+    const { id } = sessions.useSearch();
+    return (
+      <Guard>
+        <SessionsPage selected={id} />
+      </Guard>
+    );
+  },
+});
+const screen = <P extends string>(path: P, Page: () => ReactNode) =>
+  createRoute({
+    getParentRoute: () => root,
+    path,
+    component: () => (
+      <Guard>
+        <Page />
+      </Guard>
+    ),
+  });
+const router = createRouter({
+  routeTree: root.addChildren([
+    home,
+    workspace,
+    session,
+    sessions,
+    screen("/sandboxes", SandboxesPage),
+    screen("/volumes", VolumesPage),
+    screen("/settings", SettingsPage),
+  ]),
+});
 
 declare module "@tanstack/react-router" {
   interface Register {

@@ -1,4 +1,75 @@
-import { useState } from "react";
+import { useId, useRef, useState } from "react";
+import type { Uploaded } from "../api/http";
+import { ErrorText } from "./ErrorText";
+
+export type Upload = (
+  file: File,
+  onProgress: (loaded: number, total: number) => void,
+) => Promise<Uploaded>;
+
+function Attach({ upload }: { upload: Upload }) {
+  const id = useId();
+  const ref = useRef<HTMLInputElement>(null);
+  const [progress, setProgress] = useState<{ name: string; loaded: number; total: number } | null>(
+    null,
+  );
+  const [done, setDone] = useState<Uploaded | null>(null);
+  const [error, setError] = useState<unknown>(null);
+  const send = async (file: File) => {
+    setDone(null);
+    setError(null);
+    setProgress({ name: file.name, loaded: 0, total: file.size });
+    try {
+      setDone(
+        await upload(file, (loaded, total) => setProgress({ name: file.name, loaded, total })),
+      );
+    } catch (e) {
+      setError(e);
+    } finally {
+      setProgress(null);
+    }
+  };
+  return (
+    <div className="flex items-center gap-2 text-sm">
+      <label
+        htmlFor={id}
+        className="cursor-pointer rounded bg-slate-700 px-2 py-1 text-white hover:bg-slate-600"
+      >
+        Attach document
+      </label>
+      <input
+        id={id}
+        ref={ref}
+        type="file"
+        className="sr-only"
+        onChange={(e) => {
+          const file = e.target.files?.[0];
+          if (file) void send(file);
+          if (ref.current) ref.current.value = "";
+        }}
+      />
+      {progress ? (
+        <>
+          <progress
+            aria-label={`uploading ${progress.name}`}
+            max={progress.total || 1}
+            value={progress.loaded}
+          />
+          <span>
+            {progress.name}{" "}
+            {progress.total ? Math.round((100 * progress.loaded) / progress.total) : 0}%
+          </span>
+        </>
+      ) : null}
+      {done ? (
+        <output data-testid="uploaded" className="text-emerald-200">
+          attached “{done.alias}” ({done.chars} characters)
+        </output>
+      ) : null}
+      <ErrorText error={error} />
+    </div>
+  );
+}
 
 const MODES = [
   ["auto", "auto"],
@@ -10,10 +81,12 @@ export function Composer({
   busy,
   onSend,
   onCancel,
+  upload,
 }: {
   busy: boolean;
   onSend: (content: string, mode: string) => void;
   onCancel: () => void;
+  upload?: Upload;
 }) {
   const [content, setContent] = useState("");
   const [mode, setMode] = useState<string>("auto");
@@ -62,6 +135,7 @@ export function Composer({
             ))}
           </select>
         </label>
+        {upload ? <Attach upload={upload} /> : null}
         <span className="flex-1" />
         {busy ? (
           <button

@@ -1,4 +1,5 @@
 import type { ViewModel } from "../model/view";
+import { Code } from "./Code";
 import { cost, ms } from "./format";
 
 export function BudgetBar({ view }: { view: ViewModel }) {
@@ -56,9 +57,7 @@ export function ExecutionPanel({ view }: { view: ViewModel }) {
                   {cell.iteration != null ? ` · iteration ${cell.iteration}` : ""}
                   {cell.durationMs ? ` · ${ms(cell.durationMs)}` : ""}
                 </div>
-                <pre className="max-h-48 overflow-auto p-2 text-sm text-emerald-200">
-                  {cell.code}
-                </pre>
+                <Code code={cell.code} />
                 {cell.stdout ? (
                   <pre className="max-h-48 overflow-auto border-t border-slate-700 p-2 text-sm text-slate-100">
                     {cell.stdout}

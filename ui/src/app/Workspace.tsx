@@ -10,9 +10,11 @@ import { Composer } from "./Composer";
 import { ErrorText } from "./ErrorText";
 import { BudgetBar, ExecutionPanel } from "./ExecutionPanel";
 import { newId } from "./format";
+import { Shell } from "./Shell";
 import { TimeTravel } from "./TimeTravel";
 import { TraceTree } from "./TraceTree";
 import { Transcript } from "./Transcript";
+import { TurnPlot } from "./TurnPlot";
 import { useSession } from "./useSession";
 
 function Sessions({ api, current }: { api: Api; current: string | null }) {
@@ -96,10 +98,24 @@ function Connection({ state }: { state: SocketState }) {
   );
 }
 
-function SessionView({ api, session }: { api: Api; session: string }) {
+const TABS = [
+  ["execution", "Execution"],
+  ["tree", "Trace tree"],
+  ["usage", "Usage"],
+] as const;
+
+function SessionView({
+  api,
+  session,
+  initialAt,
+}: {
+  api: Api;
+  session: string;
+  initialAt: number | null;
+}) {
   const feed = useSession(api, session);
-  const [at, setAt] = useState<number | null>(null);
-  const [tab, setTab] = useState<"execution" | "tree">("execution");
+  const [at, setAt] = useState<number | null>(initialAt);
+  const [tab, setTab] = useState<(typeof TABS)[number][0]>("execution");
   const view = useMemo(
     () => (at == null ? feed.view : viewAt(feed.frames, at)),
     [at, feed.view, feed.frames],
@@ -155,6 +171,7 @@ function SessionView({ api, session }: { api: Api; session: string }) {
               trace_mode: "verbose",
             })
           }
+          upload={(file, onProgress) => api.uploadDocument(session, file, onProgress)}
           onCancel={() =>
             feed.send({
               type: "cancel",
@@ -167,7 +184,7 @@ function SessionView({ api, session }: { api: Api; session: string }) {
       <aside aria-label="Execution" className="flex w-[36rem] flex-col border-l border-slate-700">
         <BudgetBar view={view} />
         <div role="tablist" className="flex gap-1 border-b border-slate-700 px-3">
-          {(["execution", "tree"] as const).map((t) => (
+          {TABS.map(([t, label]) => (
             <button
               type="button"
               role="tab"
@@ -176,37 +193,35 @@ function SessionView({ api, session }: { api: Api; session: string }) {
               className={`px-3 py-1 ${tab === t ? "border-b-2 border-sky-400" : "text-slate-300"}`}
               onClick={() => setTab(t)}
             >
-              {t === "execution" ? "Execution" : "Trace tree"}
+              {label}
             </button>
           ))}
         </div>
         <div role="tabpanel" className="flex-1 overflow-auto">
-          {tab === "execution" ? <ExecutionPanel view={view} /> : <TraceTree view={view} />}
+          {tab === "execution" ? (
+            <ExecutionPanel view={view} />
+          ) : tab === "tree" ? (
+            <TraceTree view={view} />
+          ) : (
+            <TurnPlot api={api} session={session} view={view} />
+          )}
         </div>
       </aside>
     </div>
   );
 }
 
-export function Workspace({ session }: { session: string | null }) {
-  const { api, signOut } = useAuth();
+export function Workspace({ session, at }: { session: string | null; at?: number }) {
+  const { api } = useAuth();
   if (!api) return null;
   return (
-    <div className="flex h-screen flex-col">
-      <header className="flex items-center gap-3 border-b border-slate-700 px-3 py-2">
-        <h1 className="flex-1 font-semibold">fleet-rlm</h1>
-        <button type="button" className="text-sm underline" onClick={signOut}>
-          Sign out
-        </button>
-      </header>
-      <div className="flex min-h-0 flex-1">
-        <Sessions api={api} current={session} />
-        {session ? (
-          <SessionView key={session} api={api} session={session} />
-        ) : (
-          <p className="p-6 text-slate-300">Open a session, or start a new one.</p>
-        )}
-      </div>
-    </div>
+    <Shell>
+      <Sessions api={api} current={session} />
+      {session ? (
+        <SessionView key={session} api={api} session={session} initialAt={at ?? null} />
+      ) : (
+        <p className="p-6 text-slate-300">Open a session, or start a new one.</p>
+      )}
+    </Shell>
   );
 }

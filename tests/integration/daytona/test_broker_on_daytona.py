@@ -1,5 +1,6 @@
-"""A broker process with FLEET_SANDBOX_PROVIDER=daytona, driven over NATS exactly as the agent
-drives the local one: nothing above the broker knows which provider ran the code."""
+"""A broker process with both providers, driven over NATS exactly as the agent drives the local
+one: a tenant whose `sandbox_provider` setting is `daytona` gets Daytona sandboxes (on the
+contract FAKE), and nothing above the broker knows which provider ran the code."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,19 @@ from fleet_harness.daytona_fake import DaytonaFake, fake_in_thread
 from fleet_harness.procs import start_answering
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.rpc import RemoteError
+from fleet_mesh.runtime_config import RuntimeConfig
+
+from ..sandbox.provider_kit import uid_block
 
 pytestmark = pytest.mark.slow
+
+
+def set_provider(bus: SandboxBus, provider: str) -> None:
+    async def put() -> None:
+        config = await RuntimeConfig.open(bus.nc.jetstream())
+        await config.set("sandbox_provider", provider, tenant=bus.tenant)
+
+    bus.run(put(), timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +49,6 @@ def bus(
         nats_server.url,
         root / "broker.log",
         {
-            "FLEET_SANDBOX_PROVIDER": "daytona",
             "DAYTONA_API_KEY": "fake-key",
             "DAYTONA_API_URL": fake.url,
             "DAYTONA_TARGET": "fake",
@@ -45,14 +56,39 @@ def bus(
             "FLEET_SANDBOX_POOL_SIZE": "0",
             "FLEET_SANDBOX_ROOT": str(root / "root"),
             "FLEET_SANDBOX_VOLUMES": str(root / "volumes"),
-            "FLEET_SANDBOX_UID_LOCKS": str(root / "uid-locks"),
+            # the local provider too (the default): a uid block of its own, host-wide locks
+            "FLEET_SANDBOX_UID_BASE": str(uid_block(360000)),
+            "FLEET_SANDBOX_UID_COUNT": "64",
         },
     )
     try:
-        with SandboxBus(nats_server.url, tenant="t-daytona") as connected:
+        with SandboxBus(nats_server.url, tenant=f"t-daytona-{new_id()[:8]}") as connected:
+            set_provider(connected, "daytona")
             yield connected
     finally:
         replica.stop()
+
+
+def test_each_tenant_gets_the_provider_its_setting_names(
+    bus: SandboxBus, nats_server: NatsServer, fake: DaytonaFake
+) -> None:
+    on_daytona = bus.create_sandbox()
+    assert on_daytona.provider == "daytona"
+    assert on_daytona.capabilities is not None
+    assert on_daytona.capabilities.archive
+    made = len(fake.sandboxes)
+    with SandboxBus(nats_server.url, tenant=f"t-local-{new_id()[:8]}") as other:
+        on_local = other.create_sandbox()  # nothing set: the broker's default, local
+        assert on_local.provider == "local"
+        assert RemoteInterpreter(other, on_local.sandbox).execute("6 * 7") == 42
+        assert len(fake.sandboxes) == made  # Daytona was not asked
+        set_provider(other, "daytona")  # a change applies to the next create, no restart
+        moved = other.create_sandbox()
+        assert moved.provider == "daytona"
+        assert other.sandbox_info(on_local.sandbox).provider == "local"  # held where it runs
+        other.delete_sandbox(moved.sandbox)
+        other.delete_sandbox(on_local.sandbox)
+    bus.delete_sandbox(on_daytona.sandbox)
 
 
 def test_a_sandbox_on_daytona_through_the_bus(bus: SandboxBus, fake: DaytonaFake) -> None:

@@ -69,6 +69,7 @@ def broker(
             "FLEET_SANDBOX_POOL_SIZE": "0",
             "FLEET_SANDBOX_ROOT": str(root / "root"),
             "FLEET_SANDBOX_UID_LOCKS": str(root / "uid-locks"),
+            "FLEET_SANDBOX_LOCAL": "false",  # Daytona only: no uid pool to sweep
         },
     )
     yield replica

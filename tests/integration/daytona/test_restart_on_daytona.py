@@ -56,6 +56,7 @@ def test_after_a_sigkill_the_child_is_reaped_and_the_session_taken_back(
         "FLEET_SANDBOX_ROOT": str(tmp_path / "root"),
         "FLEET_SANDBOX_VOLUMES": str(tmp_path / "v"),
         "FLEET_SANDBOX_UID_LOCKS": str(tmp_path / "uid-locks"),
+        "FLEET_SANDBOX_LOCAL": "false",  # Daytona only: no uid pool to sweep
     }
     first = start_answering("sandbox-broker", nats_server.url, tmp_path / "one.log", env)
     second = None

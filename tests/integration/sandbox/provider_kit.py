@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet_events.sandbox import ExecuteReply, Limits, ToolCall, ToolReply
+from fleet_harness.daytona_fake import DaytonaFake
+from fleet_harness.procs import Replica
 from fleet_sandbox_broker.providers.local import LocalProvider, LocalSandbox, LocalSettings
 
 LIMITS = Limits(
@@ -84,3 +86,20 @@ async def run(
 def value(reply: ExecuteReply) -> Any:
     assert reply.kind == "result", reply
     return reply.value
+
+
+def volume_file(
+    broker: Replica, fake: DaytonaFake, provider: str, tenant: str, volume: str, path: str
+) -> Path:
+    """Where a file a sandbox wrote at `volume/<path>` of a durable volume is kept: the
+    broker's host directory (local), or the fake's Daytona volume (`fleet.<tenant>.<volume>`;
+    a clean child's `.children/<child>` lives in the volume `<that>.children`)."""
+    head, _, rest = path.partition("/")
+    if provider == "local":
+        volumes = Path(broker.env["FLEET_SANDBOX_VOLUMES"]) / tenant
+        if head == ".children":
+            return volumes / ".children" / volume / rest
+        return volumes / volume / path
+    if head == ".children":
+        return fake.volume_dir(f"fleet.{tenant}.{volume}.children") / rest
+    return fake.volume_dir(f"fleet.{tenant}.{volume}") / path

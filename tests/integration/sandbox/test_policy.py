@@ -16,6 +16,7 @@ from fleet_events import streams
 from fleet_events.bus import Ping
 from fleet_events.codec import Codec
 from fleet_events.envelope import BlobRef, new_id
+from fleet_harness.daytona_fake import DaytonaFake
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.blobs import JetStreamBlobs
@@ -23,6 +24,8 @@ from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.rpc import RemoteError
 from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.store import EventStore
+
+from .provider_kit import volume_file
 
 SNAPSHOT = "artifacts/rlm-inputs/local_workspace_snapshot.txt"
 
@@ -95,15 +98,25 @@ def git_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return str(repo), first
 
 
-def test_auto_without_a_volume_forks_the_parent(tenant_bus: SandboxBus) -> None:
+def test_auto_without_a_volume_forks_the_parent(provider_bus: SandboxBus) -> None:
+    tenant_bus = provider_bus  # on each provider; what a fork keeps is what it declares
     parent = create(tenant_bus)
     repl = RemoteInterpreter(tenant_bus, parent.sandbox)
-    repl.execute("found = 'parent state'")
+    repl.execute("found = 'parent state'\nopen('notes.txt', 'w').write('parent file')")
     child = build_child(tenant_bus, parent.sandbox, repl.context)
     assert child.branch == "fork"
     assert child.sandbox != parent.sandbox
     child_repl = RemoteInterpreter(tenant_bus, child.sandbox, context=child.context)
-    assert child_repl.execute("found") == "parent state"
+    assert child_repl.execute("open('notes.txt').read()") == "parent file"
+    assert parent.capabilities is not None
+    if parent.capabilities.fork_keeps_repl_memory:
+        assert child_repl.execute("found") == "parent state"
+    else:  # Daytona: a fork copies the filesystem, and no process
+        assert parent.provider == "daytona"
+        with pytest.raises(Exception, match="NameError"):
+            child_repl.execute("found")
+    child_repl.execute("open('notes.txt', 'w').write('child file')")
+    assert repl.execute("open('notes.txt').read()") == "parent file"  # never flows back
     child_repl.shutdown()
     (decided,) = decisions(tenant_bus, parent.sandbox)
     assert decided.branch == "fork"
@@ -118,8 +131,9 @@ def test_auto_without_a_volume_forks_the_parent(tenant_bus: SandboxBus) -> None:
 
 
 def test_auto_with_a_volume_gives_a_clean_child_on_a_child_subpath_with_the_repo(
-    tenant_bus: SandboxBus, broker: Replica, git_repo: tuple[str, str]
+    provider_bus: SandboxBus, broker: Replica, daytona_fake: DaytonaFake, git_repo: tuple[str, str]
 ) -> None:
+    tenant_bus = provider_bus
     url, first = git_repo
     parent = create(
         tenant_bus, volume="vol1", volume_subpath="sessions/s1", repo_url=url, ref=first,
@@ -137,10 +151,15 @@ def test_auto_with_a_volume_gives_a_clean_child_on_a_child_subpath_with_the_repo
     assert child_repl.execute("open('repo/README').read()") == "version one\n"
     child_repl.execute("open('volume/child.txt', 'w').write('child')")
     child_repl.shutdown()
-    volumes = Path(broker.env["FLEET_SANDBOX_VOLUMES"]) / tenant_bus.tenant
-    assert (volumes / "vol1/sessions/s1/kept.txt").read_text() == "on the volume"
+
+    def kept(path: str) -> str:
+        return volume_file(
+            broker, daytona_fake, parent.provider, tenant_bus.tenant, "vol1", path
+        ).read_text()
+
+    assert kept("sessions/s1/kept.txt") == "on the volume"
     # outside the volume's tree: the parent can never reach (or plant links in) it
-    assert (volumes / ".children/vol1" / child.sandbox / "child.txt").read_text() == "child"
+    assert kept(f".children/{child.sandbox}/child.txt") == "child"
     assert repl.execute("import os\nos.path.exists('volume/child.txt')") is False
     (decided,) = decisions(tenant_bus, parent.sandbox)
     assert (decided.branch, decided.child) == ("clean_volume", child.sandbox)
@@ -161,18 +180,27 @@ def warm(bus: SandboxBus) -> int:
     return int(bus.call(verbs.ping("sandbox-broker"), Ping(), timeout=5).details["warm"])
 
 
-def test_a_failed_fork_falls_back_to_a_clean_child(tenant_bus: SandboxBus) -> None:
+def test_a_failed_fork_falls_back_to_a_clean_child(
+    provider_bus: SandboxBus, daytona_fake: DaytonaFake
+) -> None:
+    tenant_bus = provider_bus
     parent, repl = _unforkable_parent(tenant_bus)
-    eventually_sync(lambda: warm(tenant_bus) == 2, timeout=30, what="a full warm pool")
+    local = parent.provider == "local"
+    if local:
+        eventually_sync(lambda: warm(tenant_bus) == 2, timeout=30, what="a full warm pool")
+    else:  # a container-class Daytona sandbox answers a fork with 422
+        daytona_fake.inject(422, method="POST", route="/sandbox/{sandboxIdOrName}/fork")
     child = build_child(tenant_bus, parent.sandbox, repl.context)
     assert child.branch == "clean_fallback"
-    assert warm(tenant_bus) < 2  # the clean child came from the warm pool
+    if local:
+        assert warm(tenant_bus) < 2  # the clean child came from the warm pool
     child_repl = RemoteInterpreter(tenant_bus, child.sandbox, context=child.context)
     assert child_repl.execute("'stop' in globals()") is False
+    assert tenant_bus.sandbox_info(child.sandbox).provider == parent.provider
     child_repl.shutdown()
     (decided,) = decisions(tenant_bus, parent.sandbox)
     assert decided.branch == "clean_fallback"
-    assert "no quiet point" in decided.reason
+    assert ("no quiet point" if local else "linux-vm") in decided.reason
     repl.execute("stop.set()")
     repl.shutdown()
     tenant_bus.delete_sandbox(parent.sandbox)
@@ -243,7 +271,8 @@ def test_a_local_checkout_parent_gives_its_clean_child_a_bounded_snapshot(
     tenant_bus.delete_sandbox(parent.sandbox)
 
 
-def test_children_are_deleted_before_their_parent(tenant_bus: SandboxBus) -> None:
+def test_children_are_deleted_before_their_parent(provider_bus: SandboxBus) -> None:
+    tenant_bus = provider_bus
     parent = create(tenant_bus)
     repl = RemoteInterpreter(tenant_bus, parent.sandbox)
     first = build_child(tenant_bus, parent.sandbox, repl.context)

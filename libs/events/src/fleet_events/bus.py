@@ -329,3 +329,12 @@ TEST_LM: Verb[llm.TestLm, llm.TestLmResult] = Verb(
 )  # fmt: skip
 
 VERBS = (*VERBS, AGENT_STATUS, TEST_LM)
+
+# -- sandbox broker: the Daytona probe ---------------------------------------------------------
+
+TEST_DAYTONA = _broker(
+    "test_daytona", sb.TestDaytona, sb.DaytonaProbe,
+    "probe the Daytona provider: configuration, its circuit, one live call",
+)  # fmt: skip
+
+VERBS = (*VERBS, TEST_DAYTONA)

@@ -66,6 +66,14 @@ SETTINGS: tuple[Setting, ...] = (
         description="LLM calls a whole recursive tree may make",
     ),
     Setting("rlm_max_depth", "RLM_MAX_DEPTH", "3", integer=True, description="deepest child run"),
+    Setting(
+        "sandbox_provider",
+        "FLEET_SANDBOX_PROVIDER",
+        "local",
+        choices=("local", "daytona"),
+        description="where a tenant's new sandboxes run: local processes, or Daytona (the "
+        "broker needs DAYTONA_API_KEY, DAYTONA_API_URL and DAYTONA_TARGET for daytona)",
+    ),
 )
 
 BY_KEY = {setting.key: setting for setting in SETTINGS}

@@ -9,6 +9,7 @@ Every request carries a `request_id`: a retry gets the original answer. The wire
 here because both the broker and the agent speak them and services never import each other.
 """
 
+from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
@@ -133,6 +134,17 @@ class SandboxReplaced(Event, frozen=True, kw_only=True, tag="sandbox.replaced"):
     replica: str | None = None
 
 
+class CreateRefused(Event, frozen=True, kw_only=True, tag="sandbox.create_refused"):
+    """A well-formed create the broker declined: the tenant's provider (`sandbox_provider`)
+    is not configured on the broker. `sandbox` is the id it would have had (the subject key);
+    nothing was started."""
+
+    sandbox: str
+    provider: str
+    reason: str
+    labels: dict[str, str] = {}
+
+
 EVENTS: tuple[type[Event], ...] = (
     SandboxCreated,
     SandboxForked,
@@ -142,6 +154,7 @@ EVENTS: tuple[type[Event], ...] = (
     SandboxDeleted,
     ChildIsolationDecided,
     SandboxReplaced,
+    CreateRefused,
 )
 
 # -- requests and replies -----------------------------------------------------------------
@@ -362,3 +375,36 @@ class ToolReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     value: Any = None
     error: str = ""
+
+
+# -- the Daytona probe (`runtime/tests/daytona`) -------------------------------------------
+
+
+class TestDaytona(Request, frozen=True, kw_only=True):
+    """Probe the broker's Daytona provider: its configuration, its circuit, one live call."""
+
+    __test__ = False  # not a pytest class, whatever its name
+
+    timeout_s: float = 10.0
+
+
+class ProbeCheck(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+class DaytonaProbe(msgspec.Struct, frozen=True, kw_only=True):
+    """The earlier system's probe result: {kind, ok, preflight_ok, checked_at, checks,
+    guidance, latency_ms, error}; `configured` is False when the broker has no Daytona."""
+
+    kind: str = "daytona"
+    ok: bool
+    preflight_ok: bool
+    configured: bool
+    checked_at: datetime
+    checks: list[ProbeCheck]
+    guidance: list[str] = []
+    latency_ms: float | None = None
+    error: str = ""
+    replica: str = ""

@@ -22,7 +22,8 @@ from fleet_sandbox_broker.view import SandboxesView
 
 async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = None) -> Broker:
     settings = settings or BrokerSettings()
-    provider = await _provider(ctx, settings)
+    providers = await _providers(ctx, settings)
+    provider = providers[settings.provider]  # the warm pool's
     blobs = await JetStreamBlobs.open(ctx.js)
     store = EventStore(ctx.js, streams.SANDBOXES, Codec(blobs))
     config = await RuntimeConfig.open(ctx.js)
@@ -30,7 +31,7 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
     # caught up with the log before serving: list and the quota answer from it
     view = SandboxesView(ctx.js, Codec(blobs))
     await view.start()
-    broker = Broker(ctx, provider, store, blobs, settings, config, view, sessions)
+    broker = Broker(ctx, provider, store, blobs, settings, config, view, sessions, providers)
     routes = Routes(
         ctx, broker, max_request=settings.max_request_bytes, max_reply=settings.max_reply_bytes,
         cache_bytes=settings.reply_cache_bytes,
@@ -42,47 +43,70 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
     async def stop() -> None:
         reconciling.cancel()
         await broker.close()
+        for each in providers.values():
+            await each.close()
 
     ctx.on_stop.append(stop)
     # a provider with a remote service says how it is doing (Daytona's circuit), so a
-    # degraded Daytona shows on every ping instead of as hung turns
-    health: Callable[[], dict[str, object]] | None = getattr(provider, "health", None)
+    # degraded Daytona shows on every ping (and `/ready`) instead of as hung turns
+    health: dict[str, Callable[[], dict[str, object]]] = {
+        name: found for name, each in providers.items()
+        if (found := getattr(each, "health", None)) is not None
+    }  # fmt: skip
 
     def details() -> dict[str, Any]:
-        found: dict[str, Any] = {"sandboxes": len(broker.held), "warm": broker.pool.ready}
-        if health is not None:
-            found[provider.name] = health()
+        found: dict[str, Any] = {
+            "sandboxes": len(broker.held), "warm": broker.pool.ready,
+            "providers": sorted(providers),
+        }  # fmt: skip
+        for name, report in health.items():
+            found[name] = report()
         return found
 
     ctx.ping_details = details
     return broker
 
 
-async def _provider(ctx: service.ServiceContext, settings: BrokerSettings) -> Provider:
-    """The deployment's provider; only the chosen one is built (the Daytona SDK is not even
-    imported for `local`: it reads `.env` and raises without a key at construction)."""
-    if settings.provider == "daytona":
-        from fleet_sandbox_broker.providers.daytona.provider import (
-            DaytonaProvider,
-            DaytonaSettings,
-        )
+async def _providers(ctx: service.ServiceContext, settings: BrokerSettings) -> dict[str, Provider]:
+    """Every provider this broker can start sandboxes on: `local`, and `daytona` when Daytona
+    is configured (the SDK is not even imported otherwise: it reads `.env` and raises without
+    a key at construction). A tenant's `sandbox_provider` setting picks one per create."""
+    built: dict[str, Provider] = {}
+    if settings.local:
+        built["local"] = await _local(ctx, settings)
+    if settings.daytona_configured:
+        built["daytona"] = _daytona(ctx, settings)
+    return built
 
-        key = settings.daytona_api_key
-        if key is None:  # BrokerSettings refuses daytona without a key; mypy cannot know
-            raise RuntimeError("FLEET_SANDBOX_PROVIDER=daytona needs DAYTONA_API_KEY")
-        return DaytonaProvider(
-            DaytonaSettings(
-                api_key=key.get_secret_value(),
-                api_url=settings.daytona_api_url,
-                target=settings.daytona_target,
-                replica=ctx.replica,
-                snapshot=settings.daytona_snapshot,
-                vm=settings.daytona_snapshot_is_vm,
-                network_block_all=settings.daytona_network_block_all,
-                deadline_s=settings.daytona_deadline_s,
-                max_tool_calls=settings.max_tool_calls,
-            )
+
+def _daytona(ctx: service.ServiceContext, settings: BrokerSettings) -> Provider:
+    from fleet_sandbox_broker.providers.daytona.provider import (
+        DaytonaProvider,
+        DaytonaSettings,
+    )
+
+    key = settings.daytona_api_key
+    if key is None:  # daytona_configured says there is one; mypy cannot know
+        raise RuntimeError("the daytona provider needs DAYTONA_API_KEY")
+    return DaytonaProvider(
+        DaytonaSettings(
+            api_key=key.get_secret_value(),
+            api_url=settings.daytona_api_url,
+            target=settings.daytona_target,
+            replica=ctx.replica,
+            snapshot=settings.daytona_snapshot,
+            image=settings.daytona_image,
+            cpu=settings.daytona_cpu,
+            disk_gb=settings.daytona_disk_gb,
+            vm=settings.daytona_snapshot_is_vm,
+            network_block_all=settings.daytona_network_block_all,
+            deadline_s=settings.daytona_deadline_s,
+            max_tool_calls=settings.max_tool_calls,
         )
+    )
+
+
+async def _local(ctx: service.ServiceContext, settings: BrokerSettings) -> Provider:
     swept = await asyncio.to_thread(
         sweep_orphans, settings.uid_locks, settings.uid_base, settings.uid_count
     )

@@ -11,8 +11,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
 from fleet_events import sandbox as sb
+from fleet_events import streams
 from fleet_events.codec import BlobStore
+from fleet_events.config import global_key, tenant_key
 from fleet_events.envelope import Envelope, Event, new_id, utc_now
 from fleet_mesh import rpc
 from fleet_mesh.runtime_config import RuntimeConfig
@@ -20,7 +25,7 @@ from fleet_mesh.service import ServiceContext
 from fleet_mesh.store import AppendConflict, EventStore, Head
 from fleet_sandbox_broker import domain
 from fleet_sandbox_broker.config import BrokerSettings
-from fleet_sandbox_broker.errors import QuotaExceeded, SandboxNotFound
+from fleet_sandbox_broker.errors import ProviderNotConfigured, QuotaExceeded, SandboxNotFound
 from fleet_sandbox_broker.pool import WarmPool
 from fleet_sandbox_broker.providers.base import Provider, Sandbox
 from fleet_sandbox_broker.view import SandboxesView
@@ -39,6 +44,7 @@ class Held:
     interpreters: dict[str, str | None] = field(default_factory=dict)
     children: set[str] = field(default_factory=set)
     served: list[rpc.Served] = field(default_factory=list)  # its subjects (subscribers.py)
+    provider: str = ""  # the provider it runs on ("" is the broker's default)
 
 
 # what a started sandbox records first: `sandbox.created`, or `sandbox.replaced` for a revival
@@ -56,9 +62,14 @@ class Broker:
         config: RuntimeConfig,
         view: SandboxesView,
         sessions: EventStore | None = None,
+        providers: dict[str, Provider] | None = None,
     ) -> None:
         self.ctx = ctx
+        # `provider` is the warm pool's and the fallback; `providers` every one this broker was
+        # configured for, by name: a tenant's `sandbox_provider` setting picks among them
         self.provider = provider
+        self.providers: dict[str, Provider] = {provider.name: provider, **(providers or {})}
+        self._config_kv: KeyValue | None = None
         self.store = store
         self.blobs = blobs
         self.settings = settings
@@ -113,6 +124,51 @@ class Broker:
             self._heads[subject] = appended.head
         return True
 
+    # -- which provider ---------------------------------------------------------------------------
+
+    async def provider_for(self, tenant: str) -> Provider:
+        """The tenant's provider (`sandbox_provider`: tenant over global, else this broker's
+        FLEET_SANDBOX_PROVIDER), or a refusal naming what to set when it has no such one."""
+        name = await self._stored_provider(tenant) or self.settings.provider
+        found = self.providers.get(name)
+        if found is None:
+            raise ProviderNotConfigured(
+                f"tenant {tenant!r} has sandbox_provider={name!r}, but this sandbox broker has "
+                f"no {name} provider: set DAYTONA_API_KEY, DAYTONA_API_URL and DAYTONA_TARGET "
+                "on the broker, or set the tenant's sandbox_provider to one of "
+                f"{', '.join(sorted(self.providers))}",
+                name,
+            )
+        return found
+
+    async def _stored_provider(self, tenant: str) -> str | None:
+        """The `sandbox_provider` the config KV holds for the tenant, else globally, else None
+        (`RuntimeConfig.get` would answer the built-in default, hiding that nothing is set)."""
+        if self._config_kv is None:
+            self._config_kv = await self.ctx.js.key_value(streams.CONFIG.bucket)
+        for key in (tenant_key(tenant, "sandbox_provider"), global_key("sandbox_provider")):
+            try:
+                entry = await self._config_kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if entry.value:
+                return entry.value.decode()
+        return None
+
+    def provider_of(self, held: "Held | domain.SandboxView") -> Provider:
+        """The provider a sandbox runs on (a view names it; "" or unknown: the default)."""
+        return self.providers.get(held.provider, self.provider)
+
+    async def refuse_create(
+        self, tenant: str, labels: dict[str, str], refused: ProviderNotConfigured
+    ) -> None:
+        """Record a create the deployment declined, on the subject the sandbox would have had."""
+        sandbox = new_id()
+        event = sb.CreateRefused(
+            sandbox=sandbox, provider=refused.provider, reason=refused.message, labels=labels
+        )
+        await self.append(tenant, sandbox, event, labels)
+
     # -- what this replica holds ----------------------------------------------------------------
 
     def get_held(self, tenant: str, sandbox: str) -> Held:
@@ -122,20 +178,20 @@ class Broker:
         return held
 
     def info(self, held: Held) -> sb.SandboxInfo:
-        box = held.box
+        box, provider = held.box, self.provider_of(held)
         return sb.SandboxInfo(
-            sandbox=box.id, tenant=held.tenant, provider=self.provider.name,
+            sandbox=box.id, tenant=held.tenant, provider=provider.name,
             replica=self.ctx.replica, status="running" if box.running else "stopped",
             workspace=str(box.workspace), parent=held.parent, labels=held.labels,
             contexts=sorted(box.contexts), stopped_reason=box.stopped_reason, pid=box.pid,
-            uid=box.uid, capabilities=self.provider.capabilities, volume=held.spec.volume,
+            uid=box.uid, capabilities=provider.capabilities, volume=held.spec.volume,
             volume_subpath=held.spec.volume_subpath, repo_url=held.spec.repo_url,
             ref=held.spec.ref, context_paths=list(held.spec.context_paths),
         )  # fmt: skip
 
     async def adopt(self, tenant: str, box: Sandbox, labels: dict[str, str],
-                    parent: str | None, spec: domain.Spec) -> Held:  # fmt: skip
-        held = Held(tenant, box, labels, parent, spec)
+                    parent: str | None, spec: domain.Spec, provider: str = "") -> Held:  # fmt: skip
+        held = Held(tenant, box, labels, parent, spec, provider=provider or self.provider.name)
         self.held[box.id] = held
         box.on_stop.append(lambda stopped: self._on_stop(stopped, held))
         if self.on_adopt is not None:
@@ -196,17 +252,21 @@ class Broker:
         sandbox: str | None = None,
         parent: str | None = None,
         revive: bool = False,
+        provider: Provider | None = None,
     ) -> Held:
         """Start a sandbox (from the warm pool when nothing about it is special), adopt it and
         record its first event (`sandbox.created` unless `first` says otherwise), counted
         against the tenant's quota. `revive`: the sandbox `sandbox` again, on its own files,
-        already claimed and counted (lifecycle.py), so nothing is recorded or reserved here."""
+        already claimed and counted (lifecycle.py), so nothing is recorded or reserved here.
+        `provider`: where it runs (a revival's own); None is the tenant's `sandbox_provider`."""
+        if provider is None:
+            provider = await self.provider_for(tenant)
         if not revive:
             await self.reserve(tenant)
         try:
             held = await self._start(
                 tenant, labels, limits, spec, fork_ready=fork_ready, files=files,
-                sandbox=sandbox, parent=parent, revive=revive,
+                sandbox=sandbox, parent=parent, revive=revive, provider=provider,
             )  # fmt: skip
         except BaseException:
             if not revive:
@@ -216,7 +276,7 @@ class Broker:
             return held
         box = held.box
         event = first(box) if first is not None else domain.created(
-            box.id, self.provider.name, self.ctx.replica, str(box.workspace), labels,
+            box.id, provider.name, self.ctx.replica, str(box.workspace), labels,
             box.limits, spec,
         )  # fmt: skip
         await self.counted(tenant, await self.append(tenant, box.id, event, labels))
@@ -225,20 +285,26 @@ class Broker:
     async def _start(
         self, tenant: str, labels: dict[str, str], limits: sb.Limits | None, spec: domain.Spec,
         *, fork_ready: bool, files: dict[str, bytes] | None, sandbox: str | None,
-        parent: str | None, revive: bool,
+        parent: str | None, revive: bool, provider: Provider,
     ) -> Held:  # fmt: skip
         box = None
         plain = spec.volume is None and spec.repo_url is None and limits is None
-        if plain and fork_ready and sandbox is None:
+        if plain and fork_ready and sandbox is None and provider is self.pool.provider:
             box = self.pool.take()
         limits = limits or self.settings.default_limits()
         if box is None:
             mounts: dict[str, Path] = {}
-            if spec.volume is not None:
+            # a provider with volumes of its own (Daytona) names them; else a host directory
+            remote: Callable[[str, str, str | None], Path] | None = getattr(
+                provider, "volume_mount", None
+            )
+            if spec.volume is not None and remote is not None:
+                mounts["volume"] = remote(tenant, spec.volume, spec.volume_subpath)
+            elif spec.volume is not None:
                 mounts["volume"] = await asyncio.to_thread(
                     self.volumes.prepare, tenant, spec.volume, spec.volume_subpath
                 )
-            box = await self.provider.create(
+            box = await provider.create(
                 sandbox or new_id(), limits, fork_ready=fork_ready, mounts=mounts, revive=revive
             )
         try:
@@ -247,7 +313,7 @@ class Broker:
                     self.volumes.ensure, tenant, spec.volume, spec.volume_subpath, box.uid
                 )
             if spec.repo_url is not None and not revive:
-                await self.provider.clone_repo(
+                await provider.clone_repo(
                     box, spec.repo_url, spec.ref, allow_local=self.settings.allow_local_repos
                 )
             for name, data in (files or {}).items():
@@ -255,22 +321,25 @@ class Broker:
         except BaseException:
             await box.destroy()
             raise
-        return await self.adopt(tenant, box, labels, parent, spec)
+        return await self.adopt(tenant, box, labels, parent, spec, provider.name)
 
     async def fork_box(self, parent: Held, labels: dict[str, str]) -> Held:
         child_id = new_id()
+        provider = self.provider_of(parent)  # a fork stays on its parent's provider
         await self.reserve(parent.tenant)
         try:
-            box = await self.provider.fork(parent.box, child_id)
+            box = await provider.fork(parent.box, child_id)
         except BaseException:
             self.unreserve(parent.tenant)
             raise
         labels = {**labels, "parent": parent.box.id}
-        held = await self.adopt(parent.tenant, box, labels, parent.box.id, domain.Spec())
+        held = await self.adopt(
+            parent.tenant, box, labels, parent.box.id, domain.Spec(), provider.name
+        )
         held.interpreters = dict.fromkeys(parent.interpreters)
         parent.children.add(child_id)
         event = domain.forked(
-            child_id, parent.box.id, self.provider.name, self.ctx.replica, str(box.workspace),
+            child_id, parent.box.id, provider.name, self.ctx.replica, str(box.workspace),
             labels, box.limits,
         )  # fmt: skip
         await self.counted(parent.tenant, await self.append(parent.tenant, child_id, event, labels))

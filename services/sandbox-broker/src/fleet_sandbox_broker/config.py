@@ -76,14 +76,24 @@ class BrokerSettings(BaseSettings):
     allow_local_repos: bool = False  # tests clone local git repositories; production never
     snapshot_max_bytes: int = Field(default=256 * 1024, ge=1024)
     snapshot_file_bytes: int = Field(default=32 * 1024, ge=256)
-    # which provider starts sandboxes; the Daytona SDK is imported and built only for
-    # `daytona`, from the settings below (passed explicitly: the SDK would read `.env`)
+    # Which provider a tenant's sandboxes run on is the `sandbox_provider` setting in the config
+    # KV (tenant over global; `fleet up` seeds the global value from this same env var), and
+    # this when the KV holds neither. It is also the warm pool's provider, and `daytona` insists
+    # Daytona is configured. The Daytona provider is built when DAYTONA_API_KEY,
+    # DAYTONA_API_URL and DAYTONA_TARGET are all set (the SDK is imported only then, from these
+    # settings: it would read `.env` itself); `local` unless FLEET_SANDBOX_LOCAL=false (a
+    # Daytona-only broker needs no root, uid pool or sandbox root on its host).
     provider: Literal["local", "daytona"] = "local"
+    local: bool = True
     daytona_api_key: SecretStr | None = Field(default=None, validation_alias="DAYTONA_API_KEY")
     daytona_api_url: str = Field(default="", validation_alias="DAYTONA_API_URL")
     daytona_target: str = Field(default="", validation_alias="DAYTONA_TARGET")
     daytona_snapshot: str | None = None  # a linux-vm snapshot: what makes fork possible
     daytona_snapshot_is_vm: bool = True
+    # from an image instead: each sandbox's cpu/memory/disk then follow its Limits
+    daytona_image: str | None = None
+    daytona_cpu: int = Field(default=1, ge=1, le=64)
+    daytona_disk_gb: int = Field(default=3, ge=1, le=1024)
     daytona_network_block_all: bool = True
     daytona_deadline_s: float = Field(default=60.0, gt=0)
 
@@ -100,14 +110,21 @@ class BrokerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _daytona_configured(self) -> Self:
-        if self.provider == "daytona" and not (
-            self.daytona_api_key and self.daytona_api_url and self.daytona_target
-        ):
+        if self.provider == "local" and not self.local:
+            raise ValueError(
+                "FLEET_SANDBOX_LOCAL=false leaves no local provider: set FLEET_SANDBOX_PROVIDER="
+                "daytona (with Daytona configured) or enable the local provider"
+            )
+        if self.provider == "daytona" and not self.daytona_configured:
             raise ValueError(
                 "FLEET_SANDBOX_PROVIDER=daytona needs DAYTONA_API_KEY, DAYTONA_API_URL and "
                 "DAYTONA_TARGET; set all three, or use the default local provider"
             )
         return self
+
+    @property
+    def daytona_configured(self) -> bool:
+        return bool(self.daytona_api_key and self.daytona_api_url and self.daytona_target)
 
     def default_limits(self) -> Limits:
         return Limits(

@@ -59,3 +59,14 @@ class Unavailable(SandboxError):
     """Retry later: the broker cannot answer correctly yet (its view of the log lags)."""
 
     code = "unavailable"
+
+
+class ProviderNotConfigured(SandboxError):
+    """The tenant's `sandbox_provider` names a provider this broker was not given settings for
+    (a well-formed request the deployment declines: recorded as `sandbox.create_refused`)."""
+
+    code = "provider_not_configured"
+
+    def __init__(self, message: str, provider: str) -> None:
+        super().__init__(message)
+        self.provider = provider

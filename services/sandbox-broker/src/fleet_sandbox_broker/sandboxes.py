@@ -2,19 +2,21 @@
 resume. Each is a short orchestration over the broker core; the decisions are in `domain.py`."""
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from fleet_events import bus
 from fleet_events import sandbox as sb
-from fleet_events.envelope import new_id
+from fleet_events.envelope import new_id, utc_now
 from fleet_mesh import rpc
 from fleet_sandbox_broker import domain, lifecycle, snapshot
 from fleet_sandbox_broker.broker import Broker, Held
 from fleet_sandbox_broker.errors import (
     BadSpec,
     ForkFailed,
+    ProviderNotConfigured,
     SandboxNotFound,
     SandboxStopped,
     Unavailable,
@@ -38,9 +40,15 @@ class Sandboxes:
         )  # fmt: skip
         files = {path: await self.b.blobs.get(req.tenant, ref.sha256)
                  for path, ref in req.context_files.items()}  # fmt: skip
+        try:
+            provider = await self.b.provider_for(req.tenant)
+        except ProviderNotConfigured as refused:
+            await self.b.refuse_create(req.tenant, dict(req.labels), refused)
+            raise
         held = await self.b.start_box(
-            req.tenant, dict(req.labels), req.limits, spec, fork_ready=req.fork_ready, files=files
-        )
+            req.tenant, dict(req.labels), req.limits, spec, fork_ready=req.fork_ready,
+            files=files, provider=provider,
+        )  # fmt: skip
         return self.b.info(held)
 
     async def fork(self, req: sb.ForkSandbox) -> sb.SandboxInfo:
@@ -55,7 +63,7 @@ class Sandboxes:
         policy = domain.ChildPolicy(mode=mode, fallback=fallback)  # type: ignore[arg-type]
         facts = domain.ParentFacts(
             has_volume=parent.spec.volume is not None,
-            provider_can_fork=self.b.provider.capabilities.fork,
+            provider_can_fork=self.b.provider_of(parent).capabilities.fork,
         )
         plan = domain.decide_child(policy, facts)
         labels = {**parent.labels, "role": "child", "parent": parent.box.id, **req.labels}
@@ -104,6 +112,7 @@ class Sandboxes:
         held = await self.b.start_box(
             parent.tenant, labels, limits, child_spec, files=files,
             sandbox=child_id if spec.volume else None, parent=parent.box.id,
+            provider=self.b.provider_of(parent),  # a child runs where its parent does
         )  # fmt: skip
         parent.children.add(held.box.id)
         return held
@@ -165,6 +174,24 @@ class Sandboxes:
             first=lambda box: domain.replacement(box.id, req.sandbox, self.b.ctx.replica, reason),
         )  # fmt: skip
         return self.b.info(held)
+
+    async def test_daytona(self, req: sb.TestDaytona) -> sb.DaytonaProbe:
+        """The Daytona provider's probe, or "not configured" when this broker has none."""
+        probe: Callable[[float], Awaitable[sb.DaytonaProbe]] | None = getattr(
+            self.b.providers.get("daytona"), "probe", None
+        )
+        if probe is not None:
+            return await probe(req.timeout_s)
+        return sb.DaytonaProbe(
+            ok=False, preflight_ok=False, configured=False, checked_at=utc_now(),
+            checks=[sb.ProbeCheck(name="configured", ok=False, detail="not configured")],
+            guidance=[
+                "Daytona is not configured on this sandbox broker: set DAYTONA_API_KEY, "
+                "DAYTONA_API_URL and DAYTONA_TARGET and restart it, then set a tenant's "
+                "sandbox_provider to daytona"
+            ],
+            error="not configured", replica=self.b.ctx.replica,
+        )  # fmt: skip
 
 
 def _listed(v: domain.SandboxView) -> sb.SandboxInfo:

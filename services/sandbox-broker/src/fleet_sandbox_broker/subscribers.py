@@ -70,6 +70,7 @@ class Routes:
             (bus.RESUME_SANDBOX, s.resume),
             (bus.LIST_VOLUME, f.volume_list),
             (bus.READ_VOLUME_FILE, f.volume_read),
+            (bus.TEST_DAYTONA, s.test_daytona),
         ]
         for verb, handler in routes:
             self.ctx.served.append(await self._serve(verb, handler))

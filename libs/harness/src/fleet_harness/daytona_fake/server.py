@@ -115,6 +115,13 @@ class DaytonaFake:
     def count(self, method: str, route: str) -> int:
         return self.calls.count((method, route))
 
+    def volume_dir(self, name: str) -> Path:
+        """Where the volume called `name` keeps its files (tests read what sandboxes wrote)."""
+        for volume in self.volumes.values():
+            if volume["name"] == name:
+                return self.state / "volumes" / str(volume["id"])
+        raise KeyError(f"the fake has no volume named {name!r}")
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> "DaytonaFake":
@@ -508,10 +515,10 @@ class DaytonaFake:
         done = await asyncio.to_thread(
             subprocess.run, [*argv, "--", req["url"], str(target)], capture_output=True
         )
-        if done.returncode == 0 and req.get("commitId"):
+        if done.returncode == 0 and req.get("commit_id"):  # the toolbox model says snake_case
             done = await asyncio.to_thread(
                 subprocess.run,
-                ["git", "-C", str(target), "checkout", "--quiet", req["commitId"]],
+                ["git", "-C", str(target), "checkout", "--quiet", req["commit_id"]],
                 capture_output=True,
             )
         if done.returncode != 0:

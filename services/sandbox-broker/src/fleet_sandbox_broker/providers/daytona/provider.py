@@ -21,19 +21,30 @@ from typing import Any
 from daytona import (
     AsyncDaytona,
     AsyncSandbox,
+    CreateSandboxFromImageParams,
     CreateSandboxFromSnapshotParams,
     DaytonaConfig,
     DaytonaError,
     DaytonaTimeoutError,
     ListSandboxesQuery,
+    Resources,
     VolumeMount,
 )
 
-from fleet_events.sandbox import Capabilities, ExecuteReply, Limits, ToolCall
+from fleet_events.envelope import utc_now
+from fleet_events.ids import check_id
+from fleet_events.sandbox import (
+    Capabilities,
+    DaytonaProbe,
+    ExecuteReply,
+    Limits,
+    ProbeCheck,
+    ToolCall,
+)
 from fleet_sandbox_broker.errors import SandboxError, SandboxStopped, TooLarge
 from fleet_sandbox_broker.providers.base import ToolRelay
 from fleet_sandbox_broker.providers.daytona.callbacks import CallbackGate, CallbackRefused
-from fleet_sandbox_broker.providers.daytona.resilience import Caller, Circuit
+from fleet_sandbox_broker.providers.daytona.resilience import Caller, Circuit, translate
 
 HOME = PurePosixPath("/home/daytona")
 POLL_S = 0.02  # how often a running cell's call frames are looked for
@@ -49,6 +60,11 @@ class DaytonaSettings:
     target: str
     replica: str
     snapshot: str | None = None  # a linux-vm snapshot is what makes fork possible
+    # an image instead of a snapshot: then each sandbox gets resources from its Limits (a
+    # snapshot's sandboxes have the snapshot's resources; the SDK sends none with one)
+    image: str | None = None
+    cpu: int = 1  # cores per sandbox from an image (Limits has CPU seconds, not cores)
+    disk_gb: int = 3  # disk per sandbox from an image, at least the largest file allowed
     vm: bool = True  # does `snapshot` give linux-vm sandboxes (so fork is declared)
     auto_stop_min: int = 15
     auto_archive_min: int = 60 * 24
@@ -161,6 +177,24 @@ __fo.makedirs(__fd, exist_ok=True)
 with open(__fo.path.join(__fd, {token!r} + ".json"), "w") as __ff:
     __ff.write(__fj.dumps(__fr, default=repr))
 """
+
+
+def resources(limits: Limits, settings: DaytonaSettings) -> Resources:
+    """Daytona's resources for a sandbox of these limits: memory rounded up to whole GiB, disk
+    at least the largest file a cell may write (`file_mb`), cores from the settings."""
+    return Resources(
+        cpu=settings.cpu,
+        memory=max(1, math.ceil(limits.memory_mb / 1024)),
+        disk=max(settings.disk_gb, math.ceil(limits.file_mb / 1024)),
+    )
+
+
+def volume_name(tenant: str, volume: str, child: bool = False) -> str:
+    """A tenant's volume on Daytona: `fleet.<tenant>.<volume>` ('.' is in no id, so two tenants'
+    names never meet); clean children's volumes live in `fleet.<tenant>.<volume>.children`,
+    outside the parent's volume, as the local provider keeps them."""
+    name = f"fleet.{check_id('tenant', tenant)}.{check_id('volume', volume)}"
+    return f"{name}.children" if child else name
 
 
 class DaytonaSandbox:
@@ -453,7 +487,7 @@ class DaytonaProvider:
             if PurePosixPath(str(spec)).is_absolute():
                 raise SandboxError(
                     f"the daytona provider mounts Daytona volumes given as '<volume>/<subpath>', "
-                    f"not a host directory ({spec}); broker volumes on Daytona are not wired yet"
+                    f"not a host directory ({spec}): the broker names them (volume_mount)"
                 )
             name, *sub = PurePosixPath(str(spec)).parts
             volume_id = await self._volume(name)
@@ -462,16 +496,22 @@ class DaytonaProvider:
                     volume_id=volume_id, mount_path=str(HOME / rel), subpath="/".join(sub) or None
                 )
             )
-        params = CreateSandboxFromSnapshotParams(
-            snapshot=self.settings.snapshot,
-            labels=self._labels(sandbox_id, None),
-            auto_stop_interval=self.settings.auto_stop_min,
-            auto_archive_interval=self.settings.auto_archive_min,
-            auto_delete_interval=self.settings.auto_delete_min,
-            network_block_all=self.settings.network_block_all,
-            volumes=volumes or None,
-            env_vars={},  # nothing of the broker's environment: sandbox code never sees it
-        )
+        common: dict[str, Any] = {
+            "labels": self._labels(sandbox_id, None),
+            "auto_stop_interval": self.settings.auto_stop_min,
+            "auto_archive_interval": self.settings.auto_archive_min,
+            "auto_delete_interval": self.settings.auto_delete_min,
+            "network_block_all": self.settings.network_block_all,
+            "volumes": volumes or None,
+            "env_vars": {},  # nothing of the broker's environment: sandbox code never sees it
+        }
+        params: CreateSandboxFromImageParams | CreateSandboxFromSnapshotParams
+        if self.settings.image is not None:
+            params = CreateSandboxFromImageParams(
+                image=self.settings.image, resources=resources(limits, self.settings), **common
+            )
+        else:
+            params = CreateSandboxFromSnapshotParams(snapshot=self.settings.snapshot, **common)
         remote = await self.call(
             f"create {sandbox_id}",
             lambda: self.client.create(params, timeout=self.settings.deadline_s),
@@ -526,9 +566,75 @@ class DaytonaProvider:
     async def discard(self, sandbox_id: str) -> None:
         await self.delete_tree(sandbox_id)
 
+    def volume_mount(self, tenant: str, volume: str, subpath: str | None) -> Path:
+        """What the broker mounts for a durable volume: `<Daytona volume>/<subpath>` (a
+        clean child's `.children/<child>` is the child's own volume's subpath `<child>`)."""
+        head, _, child = (subpath or "").partition("/")
+        if head == ".children":
+            return Path(volume_name(tenant, volume, child=True)) / check_id("sandbox", child)
+        return Path(volume_name(tenant, volume), *(subpath or "").split("/"))
+
     def health(self) -> dict[str, object]:
         """What a ping reports (`ok`, `checks`, `guidance`, `latency_ms`)."""
         return self.circuit.health()
+
+    async def probe(self, timeout_s: float) -> DaytonaProbe:
+        """`runtime/tests/daytona`: the settings, the circuit, then one live call (a one-item
+        page of this replica's sandboxes), let through even while the circuit is open: its
+        outcome is evidence either way, so it is recorded in the circuit like any call."""
+        s = self.settings
+        url_ok = s.api_url.startswith(("http://", "https://"))
+        checks = [
+            ProbeCheck(name="api_key", ok=bool(s.api_key), detail="set" if s.api_key else "unset"),
+            ProbeCheck(
+                name="api_url", ok=url_ok, detail=s.api_url if url_ok else "not an http(s) URL"
+            ),
+            ProbeCheck(name="target", ok=bool(s.target), detail=s.target or "unset"),
+        ]
+        preflight_ok = all(c.ok for c in checks)
+        before = self.circuit.health()
+        guidance: list[str] = [] if before["ok"] else [str(before["guidance"])]
+        checks.append(
+            ProbeCheck(
+                name="circuit",
+                ok=bool(before["ok"]),
+                detail=f"{'closed' if before['ok'] else 'open'} before the probe, "
+                f"{self.circuit.failures} consecutive failures",
+            )
+        )
+        if not preflight_ok:
+            guidance.append(
+                "set DAYTONA_API_KEY, DAYTONA_API_URL (http or https) and DAYTONA_TARGET on the "
+                "sandbox broker and restart it"
+            )
+            return DaytonaProbe(
+                ok=False, preflight_ok=False, configured=True, checked_at=utc_now(),
+                checks=checks, guidance=guidance, error="preflight failed", replica=s.replica,
+            )  # fmt: skip
+        query = ListSandboxesQuery(labels={f"{LABEL}/replica": s.replica}, limit=1)
+        started = time.monotonic()
+        error = ""
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for _ in self.client.list(query):
+                    break
+        except TimeoutError:
+            error = f"Daytona did not answer within {timeout_s:g} s"
+        except DaytonaError as exc:
+            error = str(translate(exc, "list sandboxes"))
+        latency = round((time.monotonic() - started) * 1000, 2)
+        self.circuit.record(not error, latency, error)
+        checks.append(ProbeCheck(name="api", ok=not error, detail=error or "listed sandboxes"))
+        if error:
+            guidance.append(
+                "Daytona did not answer the probe: check DAYTONA_API_URL is reachable from the "
+                "broker, the key's organisation may use DAYTONA_TARGET, and Daytona's status"
+            )
+        return DaytonaProbe(
+            ok=not error, preflight_ok=True, configured=True, checked_at=utc_now(),
+            checks=checks, guidance=guidance, latency_ms=latency, error=error,
+            replica=s.replica,
+        )  # fmt: skip
 
     async def close(self) -> None:
         close: Callable[[], Awaitable[None]] = self.client.close  # the SDK leaves it unannotated

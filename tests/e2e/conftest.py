@@ -75,6 +75,7 @@ class Mesh:
 
 StartMesh = Callable[..., Mesh]
 MARK = "FLEET_E2E_MESH"
+RUNNER = "FLEET_AGENT_RUNNER"
 
 
 @pytest.fixture
@@ -82,13 +83,18 @@ def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
     """Start `fleet up` (own data dir, free ports); on teardown stop it and sweep leftovers."""
     meshes: list[Mesh] = []
 
-    def start(env: dict[str, str] | None = None, data_dir: Path | None = None) -> Mesh:
-        """`data_dir`: start on an earlier mesh's data dir (a restart of the same mesh)."""
+    def start(
+        env: dict[str, str] | None = None, data_dir: Path | None = None, runner: str | None = "echo"
+    ) -> Mesh:
+        """`data_dir`: start on an earlier mesh's data dir (a restart of the same mesh).
+        `runner`: `FLEET_AGENT_RUNNER` (echo: these tests run no model); None leaves it unset,
+        so `fleet up`'s own default (the chat agent) runs."""
         index = len(meshes)
         port = free_port()
         data_dir = data_dir or tmp_path / f"mesh-{index}"
         output = tmp_path / f"mesh-{index}.out"
-        full_env = {k: v for k, v in os.environ.items() if k != "NATS_URL"} | (env or {})
+        inherited = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", RUNNER)}
+        full_env = inherited | ({RUNNER: runner} if runner else {}) | (env or {})
         full_env[MARK] = str(data_dir)  # inherited by every child: the teardown's sweep key
         argv = [sys.executable, "-m", "fleet_cli", "up", "--data-dir", str(data_dir)]
         argv += ["--port", str(port), "--nats-port", "0", "--grace", "5"]

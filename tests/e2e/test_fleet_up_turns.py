@@ -1,6 +1,7 @@
 """The issue's "done when", end to end: with `fleet up` running, a turn appended to a session's
 log (no gateway call: the test appends `TurnRequested` itself) is dispatched, run by the agent
-(its default echo runner until the chat agent lands) and ended, every step in the log."""
+(the echo runner, set by the e2e fixture; the chat agent: test_fleet_up_chat.py) and ended,
+every step in the log."""
 
 import pytest
 

@@ -22,6 +22,7 @@ from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer, nats_server_binary
 
 STATE_FILE = "up.json"
+AGENT_RUNNER = "chat"
 
 # Local is one node with no replica to recover from, and a laptop loses power more often than
 # a server does: fsync every write ("always"). Local rates are far below its measured cost
@@ -120,6 +121,9 @@ def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
     env.setdefault("FLEET_SANDBOX_ROOT", str((options.data_dir / "sandboxes").resolve()))
     env.setdefault("FLEET_SANDBOX_VOLUMES", str((options.data_dir / "volumes").resolve()))
     env.setdefault("FLEET_GATEWAY_DATA_DIR", str(gateway_dir(options.data_dir)))
+    # The chat agent answers turns, on the LLM profile the bootstrap seeds (or the embedded
+    # model's); FLEET_AGENT_RUNNER=echo runs the mesh with no model at all.
+    env.setdefault("FLEET_AGENT_RUNNER", AGENT_RUNNER)
     ensure_keys(options.data_dir, SERVICES)  # every append signed (docs/audit.md)
     return [
         ChildSpec(

@@ -23,9 +23,11 @@ class AgentSettings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1, le=100)
     """Deliveries of a turn's work item that may run it; the next one records `TurnFailed`
     (`poison`). The consumer's `max_deliver` is this plus one."""
-    runner: Literal["echo", "scripted", "rlm", "chat"] = "echo"
-    """`chat` runs the chat agent (fleet_agent.chat, `FLEET_CHAT_*`: CoT -> ReAct -> RLM);
-    `echo` answers with the message (no model needed); `scripted` is the test fake
+    runner: Literal["echo", "scripted", "rlm", "chat"] = "chat"
+    """`chat` (the default) runs the chat agent (fleet_agent.chat, `FLEET_CHAT_*`: CoT ->
+    ReAct -> RLM) on the tenant's LLM profiles, and fails a turn with `TurnFailed`
+    (`llm_not_configured`, saying what to set) when no model is configured; `echo` answers
+    with the message (no model needed); `scripted` is the test fake
     (runners.py); `rlm` runs each turn as a recursive-engine root run (fleet_agent.engine,
     `FLEET_ENGINE_*`)."""
     barrier_dir: Path | None = None

@@ -1,9 +1,10 @@
 """What runs a turn once a replica holds it: the `TurnRunner` seam, and two stand-ins.
 
-The chat agent and the recursive engine plug in here later. Until then:
+The chat agent (`fleet_agent.chat`, the default) and the recursive engine plug in here; beside
+them:
 
-- `EchoRunner` answers with the message itself, a step per word: enough for `fleet up` to show
-  a turn going round the mesh.
+- `EchoRunner` answers with the message itself, a step per word (`FLEET_AGENT_RUNNER=echo`): a
+  turn going round the mesh with no model.
 - `ScriptedRunner` is a **test fake** (named so on purpose): the echo plus directives a test
   writes into the message, to reach a point in a turn by a barrier rather than by timing:
   `[hold:NAME]` writes `NAME.reached.<attempt>` (holding the replica's name) into the barrier
@@ -76,13 +77,26 @@ class Parked:
     request_id: str
 
 
+@dataclass(frozen=True)
+class Failed:
+    """The runner could not run the turn, for a reason it can state safely and the user can
+    act on (no model is configured): the worker records `TurnFailed` with this `error` and
+    `code`. A runner's exception, by contrast, is recorded by its type only."""
+
+    error: str
+    code: str
+    retryable: bool = False
+
+
 class TurnRunner(Protocol):
     restartable: bool
     """May a turn whose replica died be run again from its start on another replica? True
     only where running it again repays nothing (no model calls); resuming from the log is
     the crash-safe-turns issue."""
 
-    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped | Parked: ...
+    async def run(
+        self, turn: TurnInput, token: CancelToken
+    ) -> Answered | Stopped | Parked | Failed: ...
 
 
 class EchoRunner:

@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from fleet_agent import turns
-from fleet_agent.runners import Answered, CancelToken, Parked, TurnInput, TurnRunner
+from fleet_agent.runners import Answered, CancelToken, Failed, Parked, TurnInput, TurnRunner
 from fleet_agent.turn_log import TurnLog
 from fleet_events import Event, InvalidId, check_id
 from fleet_events.catalog import type_of_class
@@ -189,6 +189,11 @@ class TurnWorker:
                 code="runner_error",
                 attempt=turn.attempt,
             )
+        if isinstance(result, Failed):
+            return TurnFailed(
+                error=result.error, retryable=result.retryable, code=result.code,
+                attempt=turn.attempt,
+            )  # fmt: skip
         if isinstance(result, Parked):
             return TurnParked(request_id=result.request_id, attempt=turn.attempt)
         if isinstance(result, Answered):

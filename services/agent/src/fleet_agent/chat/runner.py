@@ -47,8 +47,8 @@ from fleet_agent.engine.rlm import run_rlm
 from fleet_agent.engine.runner import session_sandbox
 from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
-from fleet_agent.lm import CallScope, budgeted_lm
-from fleet_agent.runners import Answered, CancelToken, Parked, Stopped, TurnInput
+from fleet_agent.lm import CallScope, LmNotConfigured, budgeted_lm
+from fleet_agent.runners import Answered, CancelToken, Failed, Parked, Stopped, TurnInput
 from fleet_agent.session_state import FOLD, SessionState, history, skipped_line
 from fleet_events import bus, streams
 from fleet_events.budget import CloseTree, OpenTree
@@ -108,6 +108,34 @@ class ChatFailed(RuntimeError):
 
 class _Stop(Exception):
     """The turn's run was fenced or cancelled: unwind dspy, record what applies."""
+
+
+NOT_CONFIGURED = "llm_not_configured"
+
+
+def not_configured(exc: BaseException) -> LmNotConfigured | None:
+    """The budgeted LM's "no usable profile or key" error, if that is what ended the turn
+    (dspy may raise it as is or as the cause of its own)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, LmNotConfigured):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def not_configured_message(exc: LmNotConfigured) -> str:
+    """What `TurnFailed` says when the chat agent has no model to ask: what is missing and
+    the ways to configure one (the message is the LM's own, which names no key)."""
+    return (
+        f"the chat agent has no language model to answer with ({exc}). Configure one: point "
+        "fleet up at an OpenAI-compatible server with FLEET_LLM_MODEL, FLEET_LLM_API_BASE and "
+        "FLEET_LLM_API_KEY; or start fleet up without --llm none to serve the embedded local "
+        "model; or store an LLM profile and bind the planner role to it (docs/llm.md). "
+        "FLEET_AGENT_RUNNER=echo runs turns with no model at all"
+    )
 
 
 def _why(exc: BaseException) -> str:
@@ -197,7 +225,9 @@ class ChatRunner:
         """Handed the state the turn's tools held at its end (tests compare it with the fold)."""
         self._timers: set[asyncio.Future[None]] = set()
 
-    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped | Parked:
+    async def run(
+        self, turn: TurnInput, token: CancelToken
+    ) -> Answered | Stopped | Parked | Failed:
         mesh = await self._pool.get(turn.tenant)
         state, mode = await _on_bus(mesh, load_session(mesh, turn))
         resume = None
@@ -221,7 +251,7 @@ class ChatRunner:
         loop = asyncio.get_running_loop()
         chat = TurnRun(self, ctx, state, mode, turn.message, loop, resume)
         mirror = asyncio.ensure_future(_mirror(token, ctx))
-        outcome: Answered | Stopped | Parked | None = None
+        outcome: Answered | Stopped | Parked | Failed | None = None
         try:
             outcome = await asyncio.to_thread(chat.run)
             return outcome
@@ -484,7 +514,7 @@ class TurnRun:
 
     # -- the turn --------------------------------------------------------------------------
 
-    def run(self) -> Answered | Stopped | Parked:
+    def run(self) -> Answered | Stopped | Parked | Failed:
         ctx = self.ctx
         options = self.runner._options
         adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
@@ -517,6 +547,10 @@ class TurnRun:
             )
             return Stopped(self.last_thought)
         except Exception as exc:
+            missing = not_configured(exc)
+            if missing is not None:  # no model to ask: say what to configure, not a type name
+                self.recorder.record(RunFailed(error=_why(missing), reason=NOT_CONFIGURED))
+                return Failed(not_configured_message(missing), code=NOT_CONFIGURED)
             self.recorder.record(RunFailed(error=_why(exc), reason=type(exc).__name__))
             raise ChatFailed(f"the chat run failed: {_why(exc)}") from exc
 

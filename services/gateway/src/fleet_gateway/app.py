@@ -32,6 +32,7 @@ from fleet_gateway.quotas import UploadQuota
 from fleet_gateway.readiness import Readiness, check
 from fleet_gateway.routes import audit as audit_routes
 from fleet_gateway.routes import auth as auth_routes
+from fleet_gateway.routes import daytona as daytona_routes
 from fleet_gateway.routes import documents as document_routes
 from fleet_gateway.routes import llm_profiles as llm_profile_routes
 from fleet_gateway.routes import runtime as runtime_routes
@@ -97,6 +98,7 @@ def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app.include_router(llm_profile_routes.router)
     app.include_router(llm_profile_routes.roles_router)
     app.include_router(sandbox_routes.router)
+    app.include_router(daytona_routes.router)
     state.body_limits.update(transfer_routes.BODY_LIMITS | document_routes.BODY_LIMITS)
     document = asyncapi()  # the catalog is fixed for the life of the process
 

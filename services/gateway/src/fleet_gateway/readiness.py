@@ -1,13 +1,16 @@
-"""What `/ready` reports: NATS, every stream, KV bucket and object store, every service's ping.
+"""What `/ready` reports: NATS, every stream, KV bucket and object store, every service's ping,
+and the sandbox broker's remote providers (Daytona's circuit, read from the broker's ping).
 
 All probes run concurrently, each under its own short deadline, so a dead service costs one
-timeout and cannot hold the answer hostage.
+timeout and cannot hold the answer hostage. A provider whose circuit is open is `degraded`:
+named in `degraded` and in its component, while `ready` stays what the mesh is (sandbox calls
+to it fail fast with `unavailable`; tenants on other providers are served).
 """
 
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Literal
+from typing import Any, Literal
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
@@ -20,8 +23,10 @@ from fleet_events.bus import Ping
 from fleet_mesh import rpc
 from fleet_mesh.connection import server_address
 
-State = Literal["up", "down"]
-Kind = Literal["nats", "stream", "kv", "object_store", "service"]
+State = Literal["up", "down", "degraded"]
+Kind = Literal["nats", "stream", "kv", "object_store", "service", "provider"]
+BROKER = "sandbox-broker"
+REMOTE_PROVIDERS = ("daytona",)  # providers whose health the broker's ping carries
 
 
 class Component(BaseModel):
@@ -36,6 +41,8 @@ class Component(BaseModel):
 class Readiness(BaseModel):
     ready: bool
     components: list[Component]
+    degraded: list[str] = []
+    """Components that answer but fail fast (a provider's open circuit)."""
 
 
 def _stores() -> list[tuple[str, Kind, str]]:
@@ -56,7 +63,10 @@ async def _store(nc: Client, name: str, kind: Kind, stream: str, timeout: float)
     return Component(name=name, kind=kind, state="up")
 
 
-async def _service(nc: Client, service: str, timeout: float) -> Component:
+async def _service(
+    nc: Client, service: str, timeout: float, details: dict[str, Any] | None = None
+) -> Component:
+    """One service's ping; `details` (when given) gets what the pong carried."""
     started = time.perf_counter()
     try:
         pong = await rpc.call_verb(nc, bus.ping(service), Ping(), timeout=timeout)
@@ -68,6 +78,8 @@ async def _service(nc: Client, service: str, timeout: float) -> Component:
         )
     except (rpc.RemoteError, NatsError) as exc:
         return Component(name=service, kind="service", state="down", detail=str(exc))
+    if details is not None:
+        details.update(pong.details)
     return Component(
         name=service,
         kind="service",
@@ -75,6 +87,28 @@ async def _service(nc: Client, service: str, timeout: float) -> Component:
         replica=pong.replica,
         latency_ms=round((time.perf_counter() - started) * 1000, 2),
     )
+
+
+def _providers(details: dict[str, Any]) -> list[Component]:
+    """The broker's remote providers as it reported them (`ok`, `checks`, `guidance`,
+    `latency_ms`: the circuit's health); none when the broker has no such provider."""
+    found = []
+    for name in REMOTE_PROVIDERS:
+        health = details.get(name)
+        if not isinstance(health, dict):
+            continue
+        ok = health.get("ok") is True
+        latency = health.get("latency_ms")
+        found.append(
+            Component(
+                name=name,
+                kind="provider",
+                state="up" if ok else "degraded",
+                detail="circuit closed" if ok else str(health.get("guidance", "")),
+                latency_ms=round(latency, 2) if isinstance(latency, int | float) else None,
+            )
+        )
+    return found
 
 
 def _nats(nc: Client | None) -> Component:
@@ -104,7 +138,15 @@ async def check(nc: Client | None, services: tuple[str, ...], timeout: float) ->
     probes: list[Awaitable[Component]] = [
         _store(nc, name, kind, stream, timeout) for name, kind, stream in _stores()
     ]
-    probes += [_service(nc, service, timeout) for service in services]
+    broker: dict[str, Any] = {}
+    probes += [
+        _service(nc, service, timeout, broker if service == BROKER else None)
+        for service in services
+    ]
     results = await asyncio.gather(*probes)
-    components = [nats, *results]
-    return Readiness(ready=all(c.state == "up" for c in components), components=components)
+    components = [nats, *results, *_providers(broker)]
+    return Readiness(
+        ready=all(c.state != "down" for c in components),
+        components=components,
+        degraded=[c.name for c in components if c.state == "degraded"],
+    )

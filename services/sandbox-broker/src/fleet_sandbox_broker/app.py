@@ -101,6 +101,7 @@ def _daytona(ctx: service.ServiceContext, settings: BrokerSettings) -> Provider:
             vm=settings.daytona_snapshot_is_vm,
             network_block_all=settings.daytona_network_block_all,
             deadline_s=settings.daytona_deadline_s,
+            circuit_cool_s=settings.daytona_circuit_cool_s,
             max_tool_calls=settings.max_tool_calls,
         )
     )

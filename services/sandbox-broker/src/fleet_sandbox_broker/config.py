@@ -96,6 +96,8 @@ class BrokerSettings(BaseSettings):
     daytona_disk_gb: int = Field(default=3, ge=1, le=1024)
     daytona_network_block_all: bool = True
     daytona_deadline_s: float = Field(default=60.0, gt=0)
+    # how long an open circuit fails calls fast before one is let through again
+    daytona_circuit_cool_s: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _defaults_within_bounds(self) -> Self:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 from daytona import (
     AsyncDaytona,
@@ -583,12 +584,17 @@ class DaytonaProvider:
         page of this replica's sandboxes), let through even while the circuit is open: its
         outcome is evidence either way, so it is recorded in the circuit like any call."""
         s = self.settings
-        url_ok = s.api_url.startswith(("http://", "https://"))
+        url = urlsplit(s.api_url)
+        try:
+            port = url.port
+        except ValueError:  # a port that is not a number
+            port, url = None, urlsplit("")
+        url_ok = url.scheme in ("http", "https") and bool(url.hostname)
+        # scheme, host and port only: a URL may carry credentials or tokens in its other parts
+        shown = f"{url.scheme}://{url.hostname}" + (f":{port}" if port else "")
         checks = [
             ProbeCheck(name="api_key", ok=bool(s.api_key), detail="set" if s.api_key else "unset"),
-            ProbeCheck(
-                name="api_url", ok=url_ok, detail=s.api_url if url_ok else "not an http(s) URL"
-            ),
+            ProbeCheck(name="api_url", ok=url_ok, detail=shown if url_ok else "not an http(s) URL"),
             ProbeCheck(name="target", ok=bool(s.target), detail=s.target or "unset"),
         ]
         preflight_ok = all(c.ok for c in checks)

@@ -4,7 +4,7 @@ so `fleet run` against a remote mesh behaves exactly as against the local one.""
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +141,25 @@ class Gateway:
         finally:
             await ws.close()
 
+    async def create_session(self, title: str = "") -> str:
+        body = await self.json("POST", "/api/v1/sessions", json={"title": title})
+        return str(body["session"]["id"])
+
+    async def upload_document(self, session: str, alias: str, name: str, data: bytes) -> Any:
+        """The file as a document of `session` under `alias` (`DocumentLoaded` on its log)."""
+        return await self.json(
+            "POST", f"/api/v1/sessions/{session}/documents",
+            files={"file": (name, data, "text/plain; charset=utf-8")}, data={"alias": alias},
+        )  # fmt: skip
+
+    async def upload_checkout(self, session: str, bundle: bytes) -> Any:
+        """A gzipped tar as the session's checkout: the broker starts its sandbox with it."""
+        return await self.json(
+            "POST", f"/api/v1/sessions/{session}/checkout",
+            files={"bundle": ("checkout.tar.gz", bundle, "application/gzip")},
+            timeout=120,
+        )  # fmt: skip
+
     async def run_turn(
         self,
         message: str,
@@ -150,6 +169,8 @@ class Gateway:
         on_frame: Callable[[dict[str, Any]], None] = lambda _: None,
         cancel: asyncio.Event | None = None,
         resumes: int = 5,
+        document_ids: Sequence[str] = (),
+        context_paths: Sequence[str] = (),
     ) -> TurnResult:
         """Send one message over `/ws/execution` and read until that turn ends. The turn id is
         made here, so a resent frame stores once and the ending is told apart from any other
@@ -165,6 +186,7 @@ class Gateway:
         frame = {
             "type": "message", "session_id": session, "turn_id": turn,
             "content": message, "execution_mode": mode,
+            "document_ids": list(document_ids), "context_paths": list(context_paths),
         }  # fmt: skip
         for attempt in range(resumes + 1):
             if attempt == 0:

@@ -52,6 +52,14 @@ class TurnRequested(Event, frozen=True, kw_only=True, tag="turn.requested"):
     message: str
     mode: str = "auto"
     """The chat agent's execution mode: `auto`, `rlm_only` or `tools_only` (`EXECUTION_MODES`)."""
+    document_ids: tuple[str, ...] = ()
+    """Aliases of documents loaded into this session (`DocumentLoaded`, e.g. uploaded through
+    `POST /api/v1/sessions/{id}/documents`) that the message asks about: the chat agent reads
+    their text into the turn (`fleet run --context FILE`)."""
+    context_paths: tuple[str, ...] = ()
+    """Paths, relative to the session sandbox's working directory (a checkout uploaded through
+    `POST /api/v1/sessions/{id}/checkout`), that the message asks about: named to the agent,
+    which reads them with code (`fleet run --context DIR`)."""
 
 
 EXECUTION_MODES = ("auto", "rlm_only", "tools_only")

@@ -17,6 +17,7 @@ from fleet_gateway.live import TRACE_MODES
 MAX_FRAME_BYTES = 1024 * 1024
 MAX_CONTENT_CHARS = 200_000
 MAX_PATHS = 100
+MAX_PATH_CHARS = 512
 
 
 class MessageFrame(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
@@ -146,3 +147,12 @@ def _check_message(frame: MessageFrame) -> None:
         )
     for doc in frame.document_ids:
         _id("document", doc)
+    for path in frame.context_paths:
+        parts = path.split("/")
+        if not path or len(path) > MAX_PATH_CHARS or path.startswith("/") or ".." in parts \
+                or "\x00" in path:
+            raise FrameError(
+                "invalid_context_path",
+                f"context path {path[:80]!r} is not usable: a path relative to the session "
+                f"sandbox's working directory, without '..', at most {MAX_PATH_CHARS} characters",
+            )

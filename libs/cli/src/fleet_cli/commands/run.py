@@ -2,11 +2,12 @@
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from fleet_cli.client import MODES, TurnResult
+from fleet_cli.client import MODES, Gateway, TurnResult
 from fleet_cli.commands.common import (
     DEFAULT_DATA_DIR,
     EXIT_FAILED,
@@ -17,6 +18,8 @@ from fleet_cli.commands.common import (
     fail,
     gateway,
 )
+from fleet_cli.context import Context, ContextError, gather
+from fleet_events.ids import InvalidId, check_id
 
 
 def _progress(frame: dict[str, Any]) -> None:
@@ -30,6 +33,21 @@ def _progress(frame: dict[str, Any]) -> None:
         err.print(str(frame.get("text", "")), end="", markup=False)
 
 
+async def _upload(gw: Gateway, session: str, given: Context, *, quiet: bool) -> None:
+    for doc in given.documents:
+        done = await gw.upload_document(session, doc.alias, doc.path.name, doc.data)
+        if not quiet:
+            err.print(f"[dim]· document {doc.alias}: {doc.path} ({done['chars']} characters)[/]")
+    if given.checkout is not None:
+        checkout = given.checkout
+        done = await gw.upload_checkout(session, checkout.bundle)
+        if not quiet:
+            err.print(
+                f"[dim]· checkout {checkout.root}: {done['files']} files, {done['bytes']} bytes "
+                f"in sandbox {done['sandbox']}[/]"
+            )
+
+
 def run_command(
     question: Annotated[str, typer.Argument(help="the message for the agent")],
     mode: Annotated[str, typer.Option(help="auto | rlm_only | tools_only")] = "auto",
@@ -39,6 +57,14 @@ def run_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="print the turn's events as JSON")
     ] = False,
+    context: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--context",
+            help="a text file (a document of the session) or a directory (its sandbox's "
+            "checkout) the question is about; repeat for more",
+        ),
+    ] = None,
     data_dir: DataDir = DEFAULT_DATA_DIR,
 ) -> None:
     """Ask once over the WebSocket: progress on stderr, the answer alone on stdout; exit 0
@@ -47,11 +73,27 @@ def run_command(
         raise fail(f"--mode {mode!r} is not one of {', '.join(MODES)}")
     if not question.strip():
         raise fail("the question is empty: pass the message as the first argument")
+    if session is not None:
+        try:
+            check_id("session", session)
+        except InvalidId as exc:
+            raise fail(str(exc)) from None
+    try:
+        given = gather(context or [])
+    except ContextError as exc:
+        raise fail(str(exc)) from None
 
     async def go() -> TurnResult:
         async with gateway(data_dir) as gw:
+            sid = session
+            if given.documents or given.checkout is not None:
+                sid = sid or await gw.create_session(question.strip()[:80])
+                await _upload(gw, sid, given, quiet=as_json)
             show = (lambda _: None) if as_json else _progress
-            return await gw.run_turn(question, mode=mode, session=session, on_frame=show)
+            return await gw.run_turn(
+                question, mode=mode, session=sid, on_frame=show,
+                document_ids=given.document_ids, context_paths=given.context_paths,
+            )  # fmt: skip
 
     result = call(go())
     if as_json:

@@ -29,6 +29,7 @@ from fleet_agent.chat.session_log import LogScope, append
 from fleet_agent.chat.settings import ChatSettings
 from fleet_agent.chat.signatures import RLM_TURN, ChatAgent, ChatTurn
 from fleet_agent.chat.tools import ParkTurn, ToolKit, TurnState, child_run, listing, toolset
+from fleet_agent.chat.turn_context import read_context
 from fleet_agent.chat.urls import UrlLoader
 from fleet_agent.engine.mesh import MeshPool
 from fleet_agent.engine.model import (
@@ -147,24 +148,36 @@ def _why(exc: BaseException) -> str:
 
 
 async def load_session(mesh: EngineMesh, turn: TurnInput) -> tuple[SessionState, str]:
-    """The session's fold and the turn's mode, in one pass over its log (on the bus loop).
+    """The session's fold and the turn's mode, in one pass over its log (on the bus loop)."""
+    state, request, _ = await load_turn(mesh, turn)
+    return state, request.mode if request is not None else "auto"
+
+
+async def load_turn(
+    mesh: EngineMesh, turn: TurnInput
+) -> tuple[SessionState, TurnRequested | None, str]:
+    """The session's fold, the turn's request and the context it names (`turn_context`), in
+    one pass over its log (on the bus loop).
 
     Only the `.log` subject is read: the fold leaves run steps alone (docs/agent.md), so the
     state is the one the whole session filter gives, without reading every model call of
     every earlier turn (the test of restore folds the whole filter and compares)."""
     js = mesh.bus.nc.jetstream()
-    store = EventStore(js, streams.SESSIONS, LenientCodec(await JetStreamBlobs.open(js)))
+    blobs = await JetStreamBlobs.open(js)
+    store = EventStore(js, streams.SESSIONS, LenientCodec(blobs))
     state = FOLD.initial()
-    mode = "auto"
+    request: TurnRequested | None = None
     async for stored in store.replay(log_subject(turn.tenant, turn.session)):
         state = FOLD.evolve(state, stored)
         data = stored.envelope.data
         if isinstance(data, TurnRequested) and stored.envelope.turn == turn.turn:
-            mode = data.mode
+            request = request or data  # the same turn asked twice: the first request stands
     line = skipped_line(state)
     if line is not None:
         log.warning(line, extra={"session": turn.session})
-    return state, mode
+    documents = {d.alias: d for d in state.image.documents}
+    context = await read_context(blobs, turn.tenant, request, documents)
+    return state, request, context
 
 
 async def load_resume(mesh: EngineMesh, turn: TurnInput, timeout_s: float) -> "Started | None":
@@ -229,7 +242,8 @@ class ChatRunner:
         self, turn: TurnInput, token: CancelToken
     ) -> Answered | Stopped | Parked | Failed:
         mesh = await self._pool.get(turn.tenant)
-        state, mode = await _on_bus(mesh, load_session(mesh, turn))
+        state, request, context = await _on_bus(mesh, load_turn(mesh, turn))
+        mode = request.mode if request is not None else "auto"
         resume = None
         if turn.attempt > 1:  # only a parked turn runs again (not restartable otherwise)
             timeout = self._options.clarify_timeout_s
@@ -249,7 +263,7 @@ class ChatRunner:
             sandbox="", mesh=mesh,
         )  # fmt: skip
         loop = asyncio.get_running_loop()
-        chat = TurnRun(self, ctx, state, mode, turn.message, loop, resume)
+        chat = TurnRun(self, ctx, state, mode, turn.message + context, loop, resume)
         mirror = asyncio.ensure_future(_mirror(token, ctx))
         outcome: Answered | Stopped | Parked | Failed | None = None
         try:

@@ -24,7 +24,14 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from fleet_events import new_id
 from fleet_events.ids import InvalidId, check_id
-from fleet_events.session import CancelRequested, InputProvided, TurnRequested
+from fleet_events.session import (
+    CancelRequested,
+    DocumentLoaded,
+    DocumentRemoved,
+    InputProvided,
+    TurnRequested,
+    log_subject,
+)
 from fleet_gateway.auth import Principal
 from fleet_gateway.errors import ApiError
 from fleet_gateway.frames import (
@@ -204,25 +211,24 @@ async def _handle(sock: _Socket, frame: ClientFrame) -> None:
     tenant = sock.principal.tenant
     match frame:
         case MessageFrame():
-            unsupported = [
-                name for name, value in (
-                    ("repo_url", frame.repo_url), ("context_paths", frame.context_paths),
-                    ("document_ids", frame.document_ids),
-                ) if value
-            ]  # fmt: skip
-            if unsupported:
+            if frame.repo_url:
                 raise FrameError(
                     "unsupported_field",
-                    f"{', '.join(unsupported)} cannot reach the agent yet (TurnRequested does "
-                    "not carry them): send the message without them",
+                    "repo_url cannot reach the agent yet (TurnRequested does not carry it): "
+                    "upload the checkout (POST /api/v1/sessions/{id}/checkout) and name its "
+                    "files in context_paths",
                 )
+            if frame.document_ids:
+                await _check_documents(sock, frame.session_id, frame.document_ids)
             mode: TraceMode = "off" if not frame.trace else _mode(frame.trace_mode)
             turn = frame.turn_id or new_id()
-            first, seq = await sock.handles.write(
-                tenant, frame.session_id,
-                TurnRequested(message=frame.content, mode=frame.execution_mode),
-                turn=turn, event_id=turn,
+            request = TurnRequested(
+                message=frame.content, mode=frame.execution_mode,
+                document_ids=tuple(frame.document_ids), context_paths=tuple(frame.context_paths),
             )  # fmt: skip
+            first, seq = await sock.handles.write(
+                tenant, frame.session_id, request, turn=turn, event_id=turn
+            )
             sock.last_turn[frame.session_id] = turn
             # watch from the request itself: the client sees its turn from its first event
             await sock.watch_session(frame.session_id, first - 1, mode)
@@ -250,6 +256,27 @@ async def _handle(sock: _Socket, frame: ClientFrame) -> None:
                 create=False,
             )  # fmt: skip
             await sock.send(_accepted("command", where, None, seq, command=frame.command))
+
+
+async def _check_documents(sock: _Socket, session: str, named: list[str]) -> None:
+    """Every document a message names is loaded in its session (read from the session's own
+    log, so an upload the projections have not applied yet counts): else nothing is stored."""
+    loaded: set[str] = set()
+    subject = log_subject(sock.principal.tenant, session)
+    async for stored in sock.handles.store.replay(subject):
+        match stored.envelope.data:
+            case DocumentLoaded(document=document):
+                loaded.add(document.alias)
+            case DocumentRemoved(alias=alias):
+                loaded.discard(alias)
+    missing = [doc for doc in named if doc not in loaded]
+    if missing:
+        raise FrameError(
+            "document_not_found",
+            f"document(s) {', '.join(repr(d) for d in missing)} are not loaded in session "
+            f"{session!r}: upload them first (POST /api/v1/sessions/{session}/documents, "
+            f"alias=<id>); loaded: {', '.join(sorted(loaded)) or 'none'}",
+        )
 
 
 def _answer(frame: CommandFrame) -> InputProvided:

@@ -1,0 +1,29 @@
+"""The text a turn's named context adds after its message (pure)."""
+
+from fleet_agent.chat.turn_context import MAX_LISTED_PATHS, block
+from fleet_events.envelope import BlobRef
+from fleet_events.session import DocumentRef
+
+
+def ref(alias: str) -> DocumentRef:
+    blob = BlobRef(object="o", sha256="0" * 64, size=3)
+    return DocumentRef(alias=alias, source="upload", origin=f"{alias}.txt", blob=blob)
+
+
+def test_nothing_named_adds_nothing() -> None:
+    assert block([], [], ()) == ""
+
+
+def test_documents_come_whole_under_headers_and_a_missing_one_is_said() -> None:
+    text = block([(ref("notes"), "line one\nline two")], ["gone"], ())
+    assert text.startswith("\n\n[context document 'notes' (notes.txt, 17 characters)]\n")
+    assert "line one\nline two\n[end of document 'notes']" in text
+    assert "[context document 'gone' was named but is not loaded in this session]" in text
+
+
+def test_paths_are_listed_for_code_to_read_and_a_long_list_is_cut_with_a_count() -> None:
+    assert "working directory (read them with code): a.py, b/c.txt]" in block(
+        [], [], ("a.py", "b/c.txt")
+    )
+    many = tuple(f"f{n}" for n in range(MAX_LISTED_PATHS + 5))
+    assert block([], [], many).endswith(f"f{MAX_LISTED_PATHS - 1} and 5 more]")

@@ -149,8 +149,13 @@ def _check_message(frame: MessageFrame) -> None:
         _id("document", doc)
     for path in frame.context_paths:
         parts = path.split("/")
-        if not path or len(path) > MAX_PATH_CHARS or path.startswith("/") or ".." in parts \
-                or "\x00" in path:
+        if (
+            not path
+            or len(path) > MAX_PATH_CHARS
+            or path.startswith("/")
+            or ".." in parts
+            or "\x00" in path
+        ):
             raise FrameError(
                 "invalid_context_path",
                 f"context path {path[:80]!r} is not usable: a path relative to the session "

@@ -5,6 +5,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from fleet_events.chain import HASH_HEADER, PREV_HEADER, ChainVerifier
 from fleet_events.signing import KEY_HEADER, SIG_HEADER, Checkpoint, CheckpointIndex, KeySet
+from fleet_mesh import offline
 from fleet_mesh.store import records
 from fleet_mesh.store.headers import MSG_ID
 from fleet_mesh.store.model import Verification
@@ -22,7 +23,7 @@ class Auditor(Reader):
     ) -> Verification:
         """Check every chain under `filter_subject`; name the first bad event. With `keys`,
         signatures too; with `checkpoints`, the heads they pin (`records.verify_export`)."""
-        fault = records._checkpoint_fault(checkpoints, keys)
+        fault = offline._checkpoint_fault(checkpoints, keys)
         if fault is not None:
             return Verification(0, fault)
         verifier = ChainVerifier(

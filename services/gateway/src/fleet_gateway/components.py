@@ -19,7 +19,9 @@ from fleet_gateway.auth import Authenticator
 from fleet_gateway.errors import ApiError
 from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_gateway.quotas import UploadQuota
+from fleet_gateway.routes.common import version
 from fleet_gateway.tickets import Tickets
+from fleet_gateway.traces import export as otel_export
 from fleet_mesh import service
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.store import EventStore, open_store
@@ -54,6 +56,12 @@ async def _open(state: "GatewayState", ctx: service.ServiceContext) -> None:
     projections = ProjectionStore(projection_path(settings.data_dir, state.replica))
     state.tickets, state.store, state.projections = tickets, store, projections
     state.projector = Projector(ctx.nc, store, codec, projections)
+    # OTEL_EXPORTER_OTLP_ENDPOINT set: each ended turn's trace is exported (docs/traces.md)
+    stop_export = await otel_export.start(
+        ctx.js, store, codec, replica=state.replica, version=version()
+    )
+    if stop_export is not None:
+        ctx.on_stop.append(stop_export)
     if state.auth is not None:
         state.auth.api_tokens = state.api_tokens
 

@@ -10,6 +10,8 @@
 - `PATCH /api/v1/runtime/llm-profiles/{name}`: change fields or rotate the key (a new sealed
   value under the same name, then the profile compare-and-set on its revision).
 - `DELETE /api/v1/runtime/llm-profiles/{name}`: the profile and its sealed key.
+- `POST /api/v1/runtime/llm-profiles/{name}/test`: the agent's model probe on this profile
+  (`agent.test_lm` with `profile`): the agent opens the key, the gateway never sees it.
 """
 
 from typing import Annotated, Any, Literal
@@ -18,10 +20,11 @@ from fastapi import APIRouter, Body, Request
 from nats.js.errors import KeyNotFoundError
 from pydantic import BaseModel, Field, SecretStr
 
+from fleet_events import bus, streams
 from fleet_events import llm as lm
-from fleet_events import streams
 from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
+from fleet_gateway.routes.runtime import PROBE_SLACK_S, LmProbeResult, ask_agent, probe_result
 from fleet_mesh.runtime_config import LlmConfig, ProfileConflict, ProfileNotFound, StoredProfile
 from fleet_mesh.secrets import SecretError, SecretsWriter, public_key_from_env, secret_key
 
@@ -234,6 +237,26 @@ async def delete_profile(name: str, tenant: CurrentTenant, request: Request) -> 
         secrets = await js.key_value(streams.SECRETS.bucket)
         await secrets.delete(secret_key(stored.profile.secret, tenant))
     return Deleted(name=name)
+
+
+class ProfileProbe(BaseModel):
+    timeout_s: float = Field(default=20.0, gt=0, le=120)
+
+
+@router.post("/{name}/test", response_model=LmProbeResult, responses=ERRORS)
+async def probe_profile(
+    name: str,
+    tenant: CurrentTenant,
+    request: Request,
+    probe: Annotated[ProfileProbe | None, Body()] = None,
+) -> LmProbeResult:
+    """404 unless the tenant has this profile (a global one is the operator's to test)."""
+    config, _ = await _stores(request)
+    await _get(config, name, tenant)
+    ask = probe or ProfileProbe()
+    req = lm.TestLm(tenant=tenant, role="planner", profile=name, timeout_s=ask.timeout_s)
+    got: lm.TestLmResult = await ask_agent(request, bus.TEST_LM, req, ask.timeout_s + PROBE_SLACK_S)
+    return probe_result(got)
 
 
 # -- roles: which profile each part of a turn uses ---------------------------------------------

@@ -8,10 +8,14 @@
   system's fields (`ok`, `preflight_ok`, `checks`, `guidance`, `latency_ms`, `output_preview`,
   `error`). The agent holds the secrets reader, so the probe runs there and its reply is already
   masked; the gateway passes on what it got.
+
+The rest of the runtime surface is in its own modules, mounted under this router's `/api/v1`
+(`router.include_router` at the end of this module): `settings` (runtime settings), `volumes`
+(volume browse and preview), `traces` (runs, traces, OTLP export, feedback) and `optimization`
+(503 until the quality service exists).
 """
 
 from datetime import datetime
-from importlib import metadata
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Request
@@ -24,6 +28,7 @@ from fleet_events import llm as lm
 from fleet_gateway.auth import CurrentPrincipal, CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
 from fleet_gateway.readiness import check
+from fleet_gateway.routes.common import nats, version
 from fleet_mesh import rpc
 
 router = APIRouter(prefix="/api/v1", tags=["runtime"])
@@ -106,23 +111,9 @@ class LmProbeResult(BaseModel):
     model: str | None
 
 
-def _version() -> str:
+async def ask_agent(request: Request, verb: Any, req: Any, timeout: float) -> Any:
     try:
-        return metadata.version("fleet-gateway")
-    except metadata.PackageNotFoundError:  # run from a tree without its metadata
-        return "0+unknown"
-
-
-def _bus(request: Request) -> Any:
-    nc = request.app.state.gateway.nc
-    if nc is None or not nc.is_connected:
-        raise ApiError(503, "nats_unavailable", "the gateway has no bus connection; retry shortly")
-    return nc
-
-
-async def _ask_agent(request: Request, verb: Any, req: Any, timeout: float) -> Any:
-    try:
-        return await rpc.call_verb(_bus(request), verb, req, timeout=timeout)
+        return await rpc.call_verb(nats(request), verb, req, timeout=timeout)
     except NoRespondersError:
         raise ApiError(
             503, "agent_unavailable", "no agent is running to answer: start one and retry"
@@ -144,19 +135,19 @@ async def _ask_agent(request: Request, verb: Any, req: Any, timeout: float) -> A
 @router.get("/info", response_model=Info, responses=ERRORS)
 async def info(principal: CurrentPrincipal, request: Request) -> Info:
     caller = Identity(tenant=principal.tenant, user=principal.user, admin=principal.admin)
-    return Info(version=_version(), replica=request.app.state.gateway.replica, caller=caller)
+    return Info(version=version(), replica=request.app.state.gateway.replica, caller=caller)
 
 
 @router.get("/runtime/status", response_model=RuntimeStatus, responses=ERRORS)
 async def runtime_status(tenant: CurrentTenant, request: Request) -> RuntimeStatus:
     state = request.app.state.gateway
-    readiness = await check(_bus(request), state.settings.services, state.settings.probe_timeout_s)
+    readiness = await check(nats(request), state.settings.services, state.settings.probe_timeout_s)
     components = [
         Component(name=c.name, kind=c.kind, state=c.state, detail=c.detail, replica=c.replica)
         for c in readiness.components
     ]
     try:
-        agent: lm.AgentStatus = await _ask_agent(
+        agent: lm.AgentStatus = await ask_agent(
             request, bus.AGENT_STATUS, lm.GetAgentStatus(tenant=tenant), STATUS_TIMEOUT_S
         )
     except ApiError as exc:  # a status page reports a missing agent, it does not fail on it
@@ -188,9 +179,11 @@ async def probe_lm(
 ) -> LmProbeResult:
     ask = probe or LmProbe()
     req = lm.TestLm(tenant=tenant, role=ask.role, profile=ask.profile, timeout_s=ask.timeout_s)
-    got: lm.TestLmResult = await _ask_agent(
-        request, bus.TEST_LM, req, ask.timeout_s + PROBE_SLACK_S
-    )
+    got: lm.TestLmResult = await ask_agent(request, bus.TEST_LM, req, ask.timeout_s + PROBE_SLACK_S)
+    return probe_result(got)
+
+
+def probe_result(got: lm.TestLmResult) -> LmProbeResult:
     return LmProbeResult(
         kind=got.kind, ok=got.ok, preflight_ok=got.preflight_ok, checked_at=got.checked_at,
         checks=[Check(name=c.name, ok=c.ok, detail=c.detail) for c in got.checks],
@@ -198,3 +191,13 @@ async def probe_lm(
         output_preview=got.output_preview, error=got.error, profile=got.profile,
         model=got.model,
     )  # fmt: skip
+
+
+def _mount() -> None:
+    from fleet_gateway.routes import optimization, settings, traces, volumes
+
+    for part in (settings.router, volumes.router, traces.router, optimization.router):
+        router.include_router(part)
+
+
+_mount()

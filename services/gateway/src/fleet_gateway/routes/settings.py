@@ -1,0 +1,161 @@
+"""`GET/PATCH /api/v1/runtime/settings`: the runtime settings of the config KV
+(`fleet_events.config.SETTINGS`), as the caller's tenant gets them.
+
+A tenant's value wins over the global one, which wins over the built-in default; services read
+the bucket at each decision (`fleet_mesh.runtime_config`), so a change reaches every replica
+with no restart. Any caller may set or clear its own tenant's values; global values are an
+admin's (403 otherwise). Every value is checked before anything is written: one bad value
+refuses the whole request, naming the key and what it may be, and stores nothing. A setting
+whose name says it holds a secret is shown masked (none of today's settings does).
+"""
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Request
+from nats.js.errors import KeyNotFoundError
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet_events import streams
+from fleet_events.config import SETTINGS, InvalidSetting, Setting, global_key, setting, tenant_key
+from fleet_gateway.auth import CurrentPrincipal
+from fleet_gateway.errors import ApiError, ErrorBody
+from fleet_gateway.routes.common import nats
+
+router = APIRouter(prefix="/runtime/settings", tags=["runtime"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (401, 403, 422, 429, 503)
+}
+MASK = "********"
+SECRET_WORDS = ("key", "secret", "token", "password")
+MAX_VALUE_CHARS = 500
+
+
+class SettingOut(BaseModel):
+    key: str
+    env: str
+    description: str
+    value: str
+    """What the caller's tenant gets now (masked for a secret)."""
+    source: Literal["tenant", "global", "default"]
+    default: str
+    choices: list[str]
+    integer: bool
+    tenant_value: str | None
+    global_value: str | None
+    secret: bool
+
+
+class SettingsOut(BaseModel):
+    tenant: str
+    can_edit_global: bool
+    items: list[SettingOut]
+
+
+class SettingsPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    updates: dict[str, str | int | None] = Field(min_length=1, max_length=len(SETTINGS) or 1)
+    """key → new value; null clears the value at `scope` (the next one down applies)."""
+    scope: Literal["tenant", "global"] = "tenant"
+
+
+class SettingsPatched(SettingsOut):
+    scope: Literal["tenant", "global"]
+    updated: list[str]
+
+
+def is_secret(spec: Setting) -> bool:
+    return any(word in spec.key.split("_") for word in SECRET_WORDS)
+
+
+def _shown(raw: str | None, secret: bool) -> str | None:
+    return MASK if secret and raw else raw
+
+
+async def _read(kv: Any, key: str) -> str | None:
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    return entry.value.decode() if entry.value else None
+
+
+async def _view(kv: Any, tenant: str, admin: bool) -> SettingsOut:
+    items = []
+    for spec in SETTINGS:
+        own = await _read(kv, tenant_key(tenant, spec.key))
+        shared = await _read(kv, global_key(spec.key))
+        source: Literal["tenant", "global", "default"] = (
+            "tenant" if own is not None else "global" if shared is not None else "default"
+        )
+        value = own if own is not None else shared if shared is not None else spec.default
+        secret = is_secret(spec)
+        items.append(
+            SettingOut(
+                key=spec.key, env=spec.env, description=spec.description,
+                value=_shown(value, secret) or "", source=source, default=spec.default,
+                choices=list(spec.choices), integer=spec.integer,
+                tenant_value=_shown(own, secret), global_value=_shown(shared, secret),
+                secret=secret,
+            )
+        )  # fmt: skip
+    return SettingsOut(tenant=tenant, can_edit_global=admin, items=items)
+
+
+def _refused(key: str, value: object, problem: str) -> ApiError:
+    return ApiError(
+        422, "invalid_setting", problem,
+        details={"key": key[:64], "value": str(value)[:80]},
+    )  # fmt: skip
+
+
+def _checked(updates: dict[str, str | int | None]) -> dict[str, str | None]:
+    """Every value validated before any is written; the first bad one names its key."""
+    checked: dict[str, str | None] = {}
+    for key, raw in updates.items():
+        try:
+            spec = setting(key)
+        except InvalidSetting as exc:
+            raise _refused(key, raw, str(exc)) from None
+        if raw is None:
+            checked[key] = None
+            continue
+        if isinstance(raw, bool):  # a JSON true is not 1
+            raise _refused(key, raw, f"{key} takes a string or a number, not {raw!r}")
+        value = str(raw).strip()
+        if len(value) > MAX_VALUE_CHARS:
+            raise _refused(key, value, f"{key} is longer than {MAX_VALUE_CHARS} characters")
+        try:
+            spec.validate(value)
+        except InvalidSetting as exc:
+            raise _refused(key, value, str(exc)) from None
+        checked[key] = value
+    return checked
+
+
+@router.get("", response_model=SettingsOut, responses=ERRORS)
+async def get_settings(principal: CurrentPrincipal, request: Request) -> SettingsOut:
+    kv = await nats(request).jetstream().key_value(streams.CONFIG.bucket)
+    return await _view(kv, principal.tenant, principal.admin)
+
+
+@router.patch("", response_model=SettingsPatched, responses=ERRORS)
+async def patch_settings(
+    body: Annotated[SettingsPatch, Body()], principal: CurrentPrincipal, request: Request
+) -> SettingsPatched:
+    if body.scope == "global" and not principal.admin:
+        raise ApiError(
+            403, "admin_required",
+            "global settings apply to every tenant and are changed by an admin only: send "
+            'scope "tenant" to change your tenant\'s value',
+        )  # fmt: skip
+    checked = _checked(body.updates)
+    kv = await nats(request).jetstream().key_value(streams.CONFIG.bucket)
+    tenant = principal.tenant
+    for key, value in checked.items():
+        target = global_key(key) if body.scope == "global" else tenant_key(tenant, key)
+        if value is None:
+            await kv.delete(target)
+        else:
+            await kv.put(target, value.encode())
+    view = await _view(kv, tenant, principal.admin)
+    return SettingsPatched(**view.model_dump(), scope=body.scope, updated=sorted(checked))

@@ -1,7 +1,7 @@
 """The interpreter conformance suite (tests/integration/interpreter/test_conformance.py, the
 same functions, not a copy) against a broker on daytona over the contract fake.
 
-Four of its tests are not collected here, each for a stated reason (docs/sandboxes.md lists
+Two of its tests are not collected here, each for a stated reason (docs/sandboxes.md lists
 them as open); they are not skipped: they are known not to hold on this provider yet.
 """
 
@@ -19,10 +19,6 @@ from fleet_mesh.natsserver import NatsServer
 NOT_YET = {
     "test_output_written_below_python_is_captured_too": "fd-level output of the fake's "
     "context process is its protocol pipe; Daytona's capture is not modelled",
-    "test_a_resent_variable_is_fresh_unless_it_is_immutable": "variables are decoded per cell "
-    "on Daytona; immutable ones are not shared between cells",
-    "test_tools_dict_is_reread_and_a_removed_tool_is_gone": "tool stubs are bound per cell "
-    "and a removed one lingers in the context's globals",
     "test_time_waiting_on_a_host_tool_does_not_count": "Daytona's interpreter timeout cannot "
     "be paused while a host call is pending",
 }

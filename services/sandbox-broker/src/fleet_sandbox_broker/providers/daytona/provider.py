@@ -89,7 +89,7 @@ def _wrapper(
     code: str,
     slot: str,
     token: str,
-    variables: dict[str, str],
+    variables: dict[str, list[str]],
     tools: list[str],
     names: list[str],
 ) -> str:
@@ -100,7 +100,17 @@ import shutil as __fsh
 __fd = __fo.path.join(__fo.getcwd(), {slot!r})
 __fsh.rmtree(__fd, ignore_errors=True)
 __fv = __fj.loads({json.dumps(variables)!r})
-globals().update({{__fk: __fj.loads(__fx) for __fk, __fx in __fv.items()}})
+# decoded per cell (a cell may mutate what it was given), except what cannot be mutated:
+# a string, number, boolean or null is decoded once per context and the one object handed to
+# every cell, as the local runner does (RLM re-sends its inputs every iteration)
+__fcache = globals().setdefault("__fleet_immutable", {{}})
+for __fk, (__fh, __fx) in __fv.items():
+    if __fh in __fcache:
+        globals()[__fk] = __fcache[__fh]
+        continue
+    globals()[__fk] = __fj.loads(__fx)
+    if isinstance(globals()[__fk], (str, int, float, bool, type(None))):
+        __fcache[__fh] = globals()[__fk]
 class __FleetSubmit(BaseException):
     pass
 import sys as __fsys
@@ -154,8 +164,15 @@ def __fleet_tool(name):
             return reply["value"]
         raise RuntimeError(reply["error"])
     return call
+# the tools of this cell only: a stub bound for an earlier cell and no longer offered is
+# removed (a name the cell's code rebound to something else is its own, and kept)
+for __ft in set(globals().get("__fleet_tools", ())) - set({tools!r}):
+    if getattr(globals().get(__ft), "__fleet_tool__", False) is True:
+        del globals()[__ft]
+globals()["__fleet_tools"] = {tools!r}
 for __ft in {tools!r}:
     globals()[__ft] = __fleet_tool(__ft)
+    globals()[__ft].__fleet_tool__ = True
 import ast as __fa
 try:
     __fm = __fa.parse({code!r}, "<fleet-cell>")
@@ -277,7 +294,7 @@ class DaytonaSandbox:
             await self.open_context(context)
         ctx = self._remote_contexts[context]
         token = self._provider.gate.issue(self.id, context, secrets.token_hex(8))
-        bound = {name: self._known[h] for name, h in variables.items()}
+        bound = {name: [h, self._known[h]] for name, h in variables.items()}
         slot = _slot(context)
         names = [str(f["name"]) for f in output_fields or []]
         source = _wrapper(code, slot, token, bound, tools, names)

@@ -158,3 +158,33 @@ async def test_without_an_agent_the_probe_is_503_and_status_says_so(tmp_path: Pa
             assert "no agent is running" in status.json()["guidance"][0]
     finally:
         server.stop()
+
+
+async def test_a_profiles_own_test_probes_that_profile_in_the_callers_tenant_only(
+    api: Api, stores: LlmStores, agent: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    mine, other = tenant_id(), tenant_id()
+    with ScriptedLM(["OK"], api_key=PLANTED) as fake:
+        await stores.secrets.put("key", PLANTED, tenant=mine)
+        # bound to no role: the probe tests the named profile, not the planner's
+        profile = LlmProfile(name="spare", model="openai/scripted", api_base=fake.base_url,
+                             secret="key")  # fmt: skip
+        await stores.llm.put_profile(profile, tenant=mine)
+        response = await api.call("POST", "/api/v1/runtime/llm-profiles/spare/test", mine)
+        assert len(fake.requests) == 1
+        theirs = await api.call("POST", "/api/v1/runtime/llm-profiles/spare/test", other, json={})
+        missing = await api.call("POST", "/api/v1/runtime/llm-profiles/nope/test", mine, json={})
+        assert len(fake.requests) == 1, "a refused probe reached the model"
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["ok"], body["profile"], body["output_preview"]) == (True, "spare", "OK")
+    assert (theirs.status_code, theirs.json()["code"]) == (404, "llm_profile_not_found")
+    assert (missing.status_code, missing.json()["code"]) == (404, "llm_profile_not_found")
+    bad = await api.call(
+        "POST", "/api/v1/runtime/llm-profiles/spare/test", mine, json={"timeout_s": 0}
+    )
+    assert bad.status_code == 422
+    assert "timeout_s" in bad.json()["message"]
+    for text in (response.text, caplog.text):
+        assert PLANTED not in text

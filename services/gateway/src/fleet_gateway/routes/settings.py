@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Request
 from nats.js.errors import KeyNotFoundError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from fleet_events import streams
 from fleet_events.config import SETTINGS, InvalidSetting, Setting, global_key, setting, tenant_key
@@ -53,8 +53,11 @@ class SettingsOut(BaseModel):
 
 class SettingsPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    updates: dict[str, str | int | None] = Field(min_length=1, max_length=len(SETTINGS) or 1)
-    """key → new value; null clears the value at `scope` (the next one down applies)."""
+    updates: dict[str, StrictStr | StrictInt | StrictBool | None] = Field(
+        min_length=1, max_length=len(SETTINGS) or 1
+    )
+    """key → new value; null clears the value at `scope` (the next one down applies). Strict
+    types: in lax mode `true` would pass as the integer 1 (caught by this module's test)."""
     scope: Literal["tenant", "global"] = "tenant"
 
 
@@ -108,7 +111,7 @@ def _refused(key: str, value: object, problem: str) -> ApiError:
     )  # fmt: skip
 
 
-def _checked(updates: dict[str, str | int | None]) -> dict[str, str | None]:
+def _checked(updates: dict[str, str | int | bool | None]) -> dict[str, str | None]:
     """Every value validated before any is written; the first bad one names its key."""
     checked: dict[str, str | None] = {}
     for key, raw in updates.items():

@@ -31,9 +31,18 @@ ROLE_USE = {
 }
 DEFAULT_PROFILE = "default"
 
+ServerKind = Literal["generic", "llama.cpp"]
+SERVER_KINDS: tuple[ServerKind, ...] = ("generic", "llama.cpp")
+"""What the model server is, for the request fields it honours. `generic`: send what dspy
+sends (any provider, vLLM, Ollama). `llama.cpp` (llama-cpp-python's server): the token limit
+goes in `max_tokens` (it ignores `max_completion_tokens`), the adapter's output fields are
+enforced with a grammar (the chat adapter) or `json_object` with a `schema` (the JSON adapter;
+it refuses `json_schema`)."""
+
 MAX_TIMEOUT_S = 3600.0
 MAX_PRICE_PER_MTOK = 100_000.0
 MAX_TOKENS_LIMIT = 10_000_000
+MAX_SEED = 2**31 - 1
 
 
 class InvalidProfile(ValueError):
@@ -55,6 +64,8 @@ class LlmProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     timeout_s: float = 60.0
     max_tokens: int | None = None
     temperature: float | None = None
+    seed: int | None = None
+    server_kind: ServerKind = "generic"
     prices: Prices = Prices()
 
 
@@ -98,6 +109,10 @@ def check_profile(profile: LlmProfile) -> LlmProfile:
         math.isfinite(profile.temperature) and 0 <= profile.temperature <= 2
     ):
         raise _bad("temperature", profile.temperature, "use 0 to 2, or leave it out")
+    if profile.seed is not None and not 0 <= profile.seed <= MAX_SEED:
+        raise _bad("seed", profile.seed, f"use 0 to {MAX_SEED}, or leave it out")
+    if profile.server_kind not in SERVER_KINDS:
+        raise _bad("server_kind", profile.server_kind, f"use one of {', '.join(SERVER_KINDS)}")
     for name in ("input_per_mtok", "output_per_mtok"):
         price = getattr(profile.prices, name)
         if not (math.isfinite(price) and 0 <= price <= MAX_PRICE_PER_MTOK):

@@ -8,7 +8,11 @@ Response`), so this is a pair of dspy engines behind an ordinary `dspy.LM`. For 
 2. ask `budget.grant` under the client rule of docs/budget.md, saying whether this is a run's own
    step (bounded by `max_iters`) or a sub call (bounded by `max_llm_calls`); a refusal raises
    `BudgetSpent`, whose message ("budget spent: ...") the model can read and act on;
-3. call the model through LiteLLM with the profile's address, key, timeout and limits;
+3. call the model through LiteLLM with the profile's address, key, timeout, limits and seed, in
+   the fields its server honours (`fleet_agent.llm_wire`); with `on_delta` given, a reply that
+   carries an `answer` field is streamed and that field's text handed to `on_delta` as it
+   arrives (`fleet_agent.answer_stream`): the run publishes it on the session's live subject,
+   while the recorded call still holds the whole response;
 4. record usage (`budget.usage`), failed calls included, at the profile's prices, and hand an
    `LlmCalled` event to `on_call` for the run engine to append.
 
@@ -20,6 +24,7 @@ goes anywhere.
 
 import asyncio
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Coroutine
@@ -31,10 +36,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: never 
 import dspy
 from dspy.clients.engines.litellm_engine import LiteLLMEngine
 from dspy.clients.lm15_boundary import request_kwargs
-from dspy.lm15 import Request, Response
+from dspy.lm15 import Request, Response, materialize_response
 from dspy.utils.exceptions import LMConfigurationError, LMError
 from nats.aio.client import Client
 
+from fleet_agent.answer_stream import FieldStream
+from fleet_agent.llm_wire import for_server, output_fields
 from fleet_events import bus
 from fleet_events.budget import (
     ATTEMPT_TIMEOUT_S,
@@ -53,6 +60,14 @@ from fleet_mesh.secrets import SecretError, SecretsReader
 
 T = TypeVar("T")
 RequestKind = Literal["step", "sub"]
+OnDelta = Callable[[str, str], object]
+"""`(kind, text)`: an unpersisted delta for the session's watchers (e.g. `RunRecorder.live`)."""
+
+ANSWER_DELTA = "assistant_token"
+"""The delta kind of the answer's text (the earlier system's name for it)."""
+STREAMED_FIELD = "answer"
+
+log = logging.getLogger("fleet.agent.lm")
 
 NO_KEY = "unused"
 """Sent as the key when a profile names no secret (a local server that checks none)."""
@@ -130,7 +145,14 @@ def _text(response: Response) -> str:
     return "".join(getattr(part, "text", "") or "" for part in response.message.parts)
 
 
+def _streams_answer(request: Request) -> bool:
+    return any(name == STREAMED_FIELD for name, _ in output_fields(request))
+
+
 def _with_profile_limits(request: Request, profile: LlmProfile) -> Request:
+    """The request as it is sent and recorded: the profile's token cap and temperature, then
+    its seed and its server's own fields (`llm_wire.for_server`). The journal LM computes the
+    recorded digest from this same function, so a resumed call matches its record."""
     config = request.config
     if profile.max_tokens is not None and (
         config.max_tokens is None or config.max_tokens > profile.max_tokens
@@ -138,7 +160,8 @@ def _with_profile_limits(request: Request, profile: LlmProfile) -> Request:
         config = dataclasses.replace(config, max_tokens=profile.max_tokens)
     if profile.temperature is not None and config.temperature is None:
         config = dataclasses.replace(config, temperature=profile.temperature)
-    return request if config is request.config else dataclasses.replace(request, config=config)
+    limited = request if config is request.config else dataclasses.replace(request, config=config)
+    return for_server(limited, profile)
 
 
 class BudgetedEngine:
@@ -151,6 +174,7 @@ class BudgetedEngine:
         scope: CallScope,
         *,
         on_call: Callable[[LlmCalled], object] | None = None,
+        on_delta: OnDelta | None = None,
         grant_id: Callable[[], str] = new_id,
         deadline_s: float = CLIENT_DEADLINE_S,
     ) -> None:
@@ -158,6 +182,7 @@ class BudgetedEngine:
         self.services = services
         self.scope = scope
         self.on_call = on_call
+        self.on_delta = on_delta
         self.grant_id = grant_id
         self.deadline_s = deadline_s
 
@@ -235,7 +260,10 @@ class BudgetedEngine:
                 timeout=profile.timeout_s,
                 wire_model=profile.model,
             )
-            response = engine.complete(request)
+            if self.on_delta is not None and _streams_answer(request):
+                response = self._streamed(engine, request, self.on_delta)
+            else:
+                response = engine.complete(request)
         except Exception as exc:
             error = scrub(f"{type(exc).__name__}: {exc}", api_key)
         latency_ms = (time.monotonic() - started) * 1000
@@ -279,8 +307,32 @@ class BudgetedEngine:
             raise LmCallFailed(error)
         return response
 
+    def _streamed(self, engine: LiteLLMEngine, request: Request, on_delta: OnDelta) -> Response:
+        """The whole response, assembled from the stream while the answer's text goes out."""
+        field = FieldStream(STREAMED_FIELD)
+
+        def send(text: str) -> None:
+            if not text:
+                return
+            try:
+                on_delta(ANSWER_DELTA, text)
+            except Exception:  # a preview lost is a preview lost; the call goes on
+                log.warning("an answer delta could not be published", exc_info=True)
+
+        def tapped(events: Any) -> Any:
+            for event in events:
+                if event.type == "delta" and getattr(event.delta, "type", "") == "text":
+                    send(field.feed(event.delta.text or ""))
+                yield event
+            send(field.finish())
+
+        return materialize_response(tapped(engine.stream(request)), request)
+
     def stream(self, request: Request) -> Any:
-        raise LmCallFailed("streaming through the budgeted LM is not built yet; call complete()")
+        raise LmCallFailed(
+            "the budgeted LM streams its answer to on_delta inside complete(); dspy's own "
+            "stream path is not served"
+        )
 
     def close(self) -> None:
         pass
@@ -297,7 +349,7 @@ class AsyncBudgetedEngine:
         return await asyncio.to_thread(self.sync.complete, request)
 
     def stream(self, request: Request) -> Any:
-        raise LmCallFailed("streaming through the budgeted LM is not built yet; call complete()")
+        return self.sync.stream(request)
 
     async def aclose(self) -> None:
         pass
@@ -309,15 +361,19 @@ def budgeted_lm(
     scope: CallScope,
     *,
     on_call: Callable[[LlmCalled], object] | None = None,
+    on_delta: OnDelta | None = None,
     grant_id: Callable[[], str] = new_id,
 ) -> Any:
     """A `dspy.LM` whose every call is granted, made with the role's profile, and recorded.
 
     Its model label (`openai/fleet-<role>`) only names it in dspy's history: the model called
     is the profile's, read at each call. dspy's cache and retries are off, so every call is
-    one grant and one provider call.
+    one grant and one provider call. With `on_delta`, the answer field's text of a reply that
+    has one goes to it as it streams in (`assistant_token` deltas).
     """
-    engine = BudgetedEngine(runner, services, scope, on_call=on_call, grant_id=grant_id)
+    engine = BudgetedEngine(
+        runner, services, scope, on_call=on_call, on_delta=on_delta, grant_id=grant_id
+    )
     return dspy.LM(
         f"openai/fleet-{scope.role}",
         engine=engine,
@@ -328,6 +384,7 @@ def budgeted_lm(
 
 
 __all__ = [
+    "ANSWER_DELTA",
     "NO_KEY",
     "AsyncBudgetedEngine",
     "BudgetSpent",
@@ -336,6 +393,7 @@ __all__ = [
     "LmCallFailed",
     "LmNotConfigured",
     "LmServices",
+    "OnDelta",
     "Runner",
     "budgeted_lm",
     "scrub",

@@ -23,6 +23,10 @@ LOCAL_KEY_REF = "local-llm-key"
 LOCAL_MODEL = f"openai/{MODEL_ALIAS}"
 # A 0.5B model on CPU answers a long RLM prompt in tens of seconds, not the default minute.
 LOCAL_TIMEOUT_S = 600.0
+# Its answers are a few hundred tokens; past that it is looping (at ~25 tokens/s on 2 cores a
+# runaway reply would hold a turn for minutes), and the server honours this as `max_tokens`.
+LOCAL_MAX_TOKENS = 1024
+LOCAL_SEED = 7
 
 
 def env_configured(env: Mapping[str, str]) -> str | None:
@@ -42,14 +46,19 @@ def is_local(profile: LlmProfile) -> bool:
 
 
 def local_profile(api_base: str) -> LlmProfile:
-    # temperature 0: the small model is only usable deterministic (same output twice measured)
+    # temperature 0 and a seed: the small model is only usable deterministic (same output twice
+    # measured); server_kind llama.cpp: the limit in `max_tokens` and the adapter's fields
+    # enforced by a grammar (fleet_agent.llm_wire)
     return LlmProfile(
         name=DEFAULT_PROFILE,
         model=LOCAL_MODEL,
         api_base=api_base,
         secret=LOCAL_KEY_REF,
         timeout_s=LOCAL_TIMEOUT_S,
+        max_tokens=LOCAL_MAX_TOKENS,
         temperature=0.0,
+        seed=LOCAL_SEED,
+        server_kind="llama.cpp",
     )
 
 

@@ -1,0 +1,124 @@
+"""The budgeted LM's wire to a server of each kind, against a real budget replica and the
+scripted LM (a FAKE model server): what a llama.cpp profile sends (the limit in `max_tokens`,
+the seed, a grammar of the adapter's fields), and the answer streamed to `on_delta` while the
+recorded call holds the whole response."""
+
+import os
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import dspy
+import pytest
+
+from fleet_agent.lm import ANSWER_DELTA, CallScope, budgeted_lm
+from fleet_events import new_id
+from fleet_events.run import LlmCalled
+from fleet_harness.scripted_lm import Reply, ScriptedLM
+
+from ..agent.test_lm_budget import (
+    ADAPTER,
+    Tenant,
+    budget_replica,
+    fields,
+    line,
+    private_key,
+    services,
+    tenant,
+)
+
+__all__ = ["budget_replica", "line", "private_key", "services", "tenant"]
+
+# litellm's streaming path builds its `Delta` model on first use and copies chunk attributes
+# off instances; pydantic warns at both (ReadOnly TypedDict items of litellm's own types, and
+# instance access to `model_fields`): nothing a streamed call can avoid.
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:Item '\\w+' on TypedDict class 'ChatCompletion\\w+' is using the `ReadOnly`"
+        ":UserWarning"
+    ),
+    pytest.mark.filterwarnings(
+        "ignore:Accessing the 'model_\\w*fields' attribute on the instance:DeprecationWarning"
+    ),
+]
+
+ANSWER = "Paris is the capital; it has been since [987] or so."
+REPLY = fields(reasoning="a known fact", answer=ANSWER)
+
+
+def streaming_lm(tenant: Tenant, tree: str) -> tuple[Any, list[LlmCalled], list[tuple[str, str]]]:
+    calls: list[LlmCalled] = []
+    deltas: list[tuple[str, str]] = []
+    scope = CallScope(tenant=tenant.id, tree=tree, run=new_id(), role="planner", kind="step")
+    lm = budgeted_lm(
+        tenant.line,
+        tenant.services,
+        scope,
+        on_call=calls.append,
+        on_delta=lambda kind, text: deltas.append((kind, text)),
+    )
+    return lm, calls, deltas
+
+
+def test_a_llama_cpp_profile_sends_max_tokens_the_seed_and_a_grammar(tenant: Tenant) -> None:
+    with ScriptedLM([REPLY, REPLY]) as fake:
+        tenant.profile(
+            model="openai/scripted", api_base=fake.base_url, server_kind="llama.cpp",
+            max_tokens=64, temperature=0.0, seed=11,
+        )  # fmt: skip
+        tree = tenant.open_tree(max_llm_calls=4)
+        lm, calls = tenant.lm(tree)
+        with dspy.context(lm=lm, adapter=ADAPTER):
+            answer = dspy.ChainOfThought("question -> answer")(question="Capital of France?")
+        sent = fake.requests[-1].body
+        tenant.profile(model="openai/scripted", api_base=fake.base_url, max_tokens=64)
+        lm, _ = tenant.lm(tree)
+        with dspy.context(lm=lm, adapter=ADAPTER):
+            dspy.ChainOfThought("question -> answer")(question="Capital of France?")
+        generic = fake.requests[-1].body
+    assert answer.answer == ANSWER
+    assert sent["max_tokens"] == 64
+    assert "max_completion_tokens" not in sent  # llama-cpp-python ignores it
+    assert (sent["seed"], sent["temperature"]) == (11, 0.0)
+    assert sent["grammar"].startswith('root ::= f0 "\\n\\n" f1 "\\n\\n[[ ## completed ## ]]"')
+    assert '"[[ ## answer ## ]]\\n"' in sent["grammar"]
+    (call,) = calls
+    assert call.params["max_tokens"] == 64  # the record shows what was sent
+    assert "grammar" in call.params
+    assert generic["max_completion_tokens"] == 64  # a generic server gets dspy's request
+    assert not {"max_tokens", "grammar", "seed"} & set(generic)
+
+
+def test_the_answer_streams_to_on_delta_and_the_record_holds_the_whole_reply(
+    tenant: Tenant,
+) -> None:
+    with ScriptedLM([Reply(REPLY, completion_tokens=21, prompt_tokens=99)]) as fake:
+        tenant.profile(model="openai/scripted", api_base=fake.base_url)
+        tree = tenant.open_tree(max_llm_calls=2)
+        lm, calls, deltas = streaming_lm(tenant, tree)
+        with dspy.context(lm=lm, adapter=ADAPTER):
+            answer = dspy.ChainOfThought("question -> answer")(question="Capital of France?")
+        streamed = fake.requests[-1].stream
+    assert streamed
+    assert answer.answer == ANSWER
+    assert {kind for kind, _ in deltas} == {ANSWER_DELTA}
+    assert "".join(text for _, text in deltas) == ANSWER
+    assert len(deltas) > 3  # token by token, not one piece at the end
+    (call,) = calls
+    assert call.response == REPLY  # the persisted call carries the whole response
+    assert (call.prompt_tokens, call.completion_tokens) == (99, 21)  # the stream's usage chunk
+    status = tenant.status(tree)
+    assert (status.calls_recorded, status.tokens_used) == (1, 120)
+
+
+def test_a_reply_without_an_answer_field_is_not_streamed(tenant: Tenant) -> None:
+    with ScriptedLM(["just the text an llm_query gets"]) as fake:
+        tenant.profile(model="openai/scripted", api_base=fake.base_url)
+        tree = tenant.open_tree(max_llm_calls=2)
+        lm, calls, deltas = streaming_lm(tenant, tree)
+        text = lm("summarise this")
+        streamed = fake.requests[-1].stream
+    assert text == ["just the text an llm_query gets"]
+    assert not streamed
+    assert deltas == []
+    assert len(calls) == 1

@@ -227,9 +227,13 @@ class ListVolume(Request, frozen=True, kw_only=True):
 
 
 class ReadVolumeFile(Request, frozen=True, kw_only=True):
+    """`prefix`: answer the first `max_bytes` of a larger file (a preview) instead of refusing
+    it as too large."""
+
     volume: str
     path: str
     max_bytes: int = 1024 * 1024
+    prefix: bool = False
 
 
 class OpenContext(SandboxRef, frozen=True, kw_only=True):

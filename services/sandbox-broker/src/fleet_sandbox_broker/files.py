@@ -2,6 +2,7 @@
 durable volumes browsed and read from any replica."""
 
 import asyncio
+import functools
 
 from fleet_events import sandbox as sb
 from fleet_events.codec import sha256_hex
@@ -44,5 +45,8 @@ class Files:
     async def volume_read(self, req: sb.ReadVolumeFile) -> sb.FileContent:
         # base64 on the wire: a read this size still fits in the reply
         cap = min(req.max_bytes, (self.reply_budget - 4096) * 3 // 4)
-        data = await asyncio.to_thread(self.b.volumes.read, req.tenant, req.volume, req.path, cap)
+        data = await asyncio.to_thread(
+            functools.partial(self.b.volumes.read, prefix=req.prefix),
+            req.tenant, req.volume, req.path, cap,
+        )  # fmt: skip
         return sb.FileContent(path=req.path, size=len(data), sha256=sha256_hex(data), data=data)

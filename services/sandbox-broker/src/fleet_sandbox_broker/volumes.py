@@ -96,5 +96,7 @@ class Volumes:
             os.close(fd)
         return VolumeListing(path=path, entries=entries, truncated=len(names) > max_entries)
 
-    def read(self, tenant: str, volume: str, path: str, max_bytes: int) -> bytes:
-        return read_in(self.directory(tenant, volume), path, max_bytes)
+    def read(
+        self, tenant: str, volume: str, path: str, max_bytes: int, *, prefix: bool = False
+    ) -> bytes:
+        return read_in(self.directory(tenant, volume), path, max_bytes, prefix=prefix)

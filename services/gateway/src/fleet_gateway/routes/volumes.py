@@ -148,8 +148,9 @@ async def volume_file(
         raise ApiError(422, "invalid_volume_path", "path names no file: give a file's path")
     # one byte more than shown says whether there is more
     req = sb.ReadVolumeFile(
-        request_id=new_id(), tenant=tenant, volume=name, path=where, max_bytes=max_bytes + 1
-    )
+        request_id=new_id(), tenant=tenant, volume=name, path=where, max_bytes=max_bytes + 1,
+        prefix=True,
+    )  # fmt: skip
     got: sb.FileContent = await _ask(request, bus.READ_VOLUME_FILE, req, name, where)
     data = (got.data or b"")[:max_bytes]
     truncated = len(got.data or b"") > max_bytes

@@ -87,7 +87,9 @@ def write_in(workspace: Path, path: str, data: bytes, uid: int) -> None:
         os.close(dir_fd)
 
 
-def read_in(workspace: Path, path: str, max_bytes: int) -> bytes:
+def read_in(workspace: Path, path: str, max_bytes: int, *, prefix: bool = False) -> bytes:
+    """The file's bytes, refused when over `max_bytes`; with `prefix`, its first `max_bytes`
+    (a preview of a file of any size)."""
     parts = components(path)
     try:
         dir_fd = open_dir(workspace, parts[:-1], None)
@@ -100,7 +102,7 @@ def read_in(workspace: Path, path: str, max_bytes: int) -> bytes:
             raise PathRefused(f"no file {path!r} in the workspace") from exc
         with os.fdopen(fd, "rb") as src:
             info = os.fstat(src.fileno())
-            if info.st_size > max_bytes:
+            if info.st_size > max_bytes and not prefix:
                 raise TooLarge(
                     f"{path!r} is {info.st_size} bytes, over the {max_bytes}-byte read limit; "
                     "ask for it through the object store (via_blob) or raise max_bytes"

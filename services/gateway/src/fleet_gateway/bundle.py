@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet_events.chain import ChainFault
+from fleet_events.signing import KeySet
 from fleet_mesh.store import Verification, verify_export
 
 BLOB_KIND = "blob"
@@ -76,9 +77,10 @@ def _fault(row: EventRow | None, reason: str, checked: int) -> Verification:
     return Verification(checked, ChainFault(row.subject, row.seq, row.id, reason))
 
 
-def read_bundle(lines: Iterable[bytes]) -> Bundle:
-    """Parse and verify: the chains (the store's rule), one session only, and every blob an
-    event names present with its digest. `verification` names the first fault."""
+def read_bundle(lines: Iterable[bytes], *, keys: KeySet | None = None) -> Bundle:
+    """Parse and verify: the chains (the store's rule), with `keys` every signature too, one
+    session only, and every blob an event names present with its digest. `verification`
+    names the first fault."""
     bundle = Bundle()
     event_lines: list[bytes] = []
     for number, line in enumerate(lines, 1):
@@ -109,7 +111,7 @@ def read_bundle(lines: Iterable[bytes]) -> Bundle:
             bundle.verification = _fault(None, f"export line {number} is unreadable: {exc!r}", 0)
             return bundle
         event_lines.append(line)
-    chain = verify_export(event_lines)
+    chain = verify_export(event_lines, keys=keys)
     if not chain.ok:
         bundle.verification = chain
         return bundle

@@ -1,13 +1,20 @@
 """Export, import and restore of a session's log.
 
 - `POST /api/v1/sessions/{id}/export`: the session's log as a bundle (`fleet_gateway.bundle`):
-  verbatim stored bytes with their hashes, then every payload they reference, so the file
-  verifies and replays with no server.
+  first the deployment's key-set line (the public keys and their owners, `FLEET_KEYSET`; shown
+  to an auditor, who pins their own copy), then the verbatim stored bytes with their hashes and
+  signatures, then every payload they reference, so the file verifies and replays with no
+  server (`fleet audit verify FILE --keys keyset.json`).
 - `POST /api/v1/sessions/import`: a bundle into the caller's tenant (any tenant: the bundle is
-  checked, not trusted). It becomes a new session whose log opens with `SessionImported`
-  carrying the state the bundle folds to and the source `.log`'s head hash; its blobs are
-  copied into the caller's tenant and the state's references point at the copies. A bundle
-  that does not verify is refused naming its first bad event, and nothing is stored.
+  checked, not trusted). Every signature is checked against this gateway's pinned key set
+  (`FLEET_KEYSET`; the bundle's own key-set line is never trusted): an event signed by a key the
+  deployment does not hold, unsigned where the key set requires signatures, or whose signature
+  does not verify is refused. A gateway given no key set checks the signatures against the
+  key-set line the bundle carries (a consistency check only: the bundle's writer chose those
+  keys). It becomes a new session whose log opens with `SessionImported` carrying the state
+  the bundle folds to and the source `.log`'s head hash; its blobs are copied into the
+  caller's tenant and the state's references point at the copies. A bundle that does not
+  verify is refused naming its first bad event, and nothing is stored.
 - `POST /api/v1/sessions/{id}/restore`: the state as of `upto_seq` (default: the whole log) is
   recorded as `SessionRestored`; a session whose sandbox is gone gets one on the same volume
   (the broker's `resume` verb) and the log records `SandboxAttached` replacing it.
@@ -39,14 +46,16 @@ from fleet_events.session import (
     log_subject,
     session_filter,
 )
+from fleet_events.signing import KeySet, SigningError
 from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.bundle import Bundle, blob_line, payload_refs, read_bundle
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
 from fleet_gateway.projections.store import Folded, ProjectionStore
+from fleet_gateway.routes.audit import pinned_keys
 from fleet_gateway.sessionlog import SessionLog, checked_session, session_log
 from fleet_mesh import rpc
 from fleet_mesh.store import EMPTY, RawEvent
-from fleet_mesh.store.records import export_line
+from fleet_mesh.store.records import export_line, exported_keys, keyset_line
 
 router = APIRouter(prefix="/api/v1/sessions", tags=["sessions"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -62,7 +71,11 @@ async def _raw_events(h: SessionLog, tenant: str, session: str) -> list[RawEvent
     return [raw async for raw in h.store.read_raw(session_filter(tenant, session))]
 
 
-async def _export_lines(h: SessionLog, tenant: str, raws: list[RawEvent]) -> AsyncIterator[bytes]:
+async def _export_lines(
+    h: SessionLog, tenant: str, raws: list[RawEvent], keys: KeySet | None
+) -> AsyncIterator[bytes]:
+    if keys is not None:
+        yield keyset_line(keys) + b"\n"
     wanted: dict[str, str] = {}
     for raw in raws:
         yield export_line(raw) + b"\n"
@@ -89,12 +102,13 @@ async def _export_lines(h: SessionLog, tenant: str, raws: list[RawEvent]) -> Asy
 async def export(session_id: str, tenant: CurrentTenant, request: Request) -> StreamingResponse:
     """The session's log as JSON lines that verify on their own (`fleet audit verify FILE`)."""
     session = checked_session(session_id)
+    keys = pinned_keys()
     h = await session_log(request)
     raws = await _raw_events(h, tenant, session)
     if not raws:
         raise not_found("session", session)
     return StreamingResponse(
-        _export_lines(h, tenant, raws),
+        _export_lines(h, tenant, raws, keys),
         media_type="application/x-ndjson",
         headers={"Content-Disposition": f'attachment; filename="{session}.jsonl"'},
     )
@@ -141,14 +155,20 @@ async def _folded(tenant: str, session: str, folded: list[Folded]) -> tuple[Sess
     return msgspec.json.decode(raw, type=SessionImage), str(row.get("title") or "")
 
 
-def _refused(bundle: Bundle) -> ApiError:
+def _refused(bundle: Bundle, pinned: bool) -> ApiError:
     fault = bundle.verification.fault
     assert fault is not None
+    advice = "export the session again"
+    if pinned and "not in the pinned key set" in fault.reason:
+        advice = (
+            "an export of another deployment imports where its public keys are pinned: add "
+            "them to this gateway's key set (FLEET_KEYSET) after checking them"
+        )
     return ApiError(
         422,
         "export_invalid",
         f"the export does not verify: {fault.subject} seq {fault.seq} (event {fault.event_id}): "
-        f"{fault.reason}; nothing was imported (export the session again)",
+        f"{fault.reason}; nothing was imported ({advice})",
         details={"subject": fault.subject, "seq": fault.seq, "event": fault.event_id,
                  "reason": fault.reason},
     )  # fmt: skip
@@ -175,9 +195,11 @@ async def import_session(
         body += chunk
         if len(body) > MAX_IMPORT_BYTES:
             raise _too_large(len(body))
-    bundle = read_bundle(bytes(body).splitlines())
+    lines = bytes(body).splitlines()
+    pinned = pinned_keys()
+    bundle = read_bundle(lines, keys=pinned or carried_keys(lines))
     if not bundle.ok:
-        raise _refused(bundle)
+        raise _refused(bundle, pinned is not None)
     h = await session_log(request)
     source_tenant, source_session = bundle.events[0].subject.split(".")[2:4]
     folded: list[Folded] = []
@@ -209,6 +231,21 @@ async def import_session(
         session_id=session, seq=done[-1].seq, source_session=source_session,
         source_head_hash=head_hash, events=len(bundle.events), blobs=len(refs),
     )  # fmt: skip
+
+
+def carried_keys(lines: list[bytes]) -> KeySet | None:
+    """The key set the bundle's first line says it was signed with, signatures not required (a
+    gateway with no pinned keys checks the bundle against itself); None when it has none."""
+    try:
+        carried = exported_keys(lines[:1])
+    except (ValueError, KeyError, TypeError, AttributeError, SigningError) as exc:
+        raise ApiError(
+            422, "export_invalid",
+            f"the export's key-set line is not a key set ({exc}); nothing was imported",
+        ) from exc  # fmt: skip
+    if carried is None:
+        return None
+    return KeySet(keys=carried.keys, require_signatures=False)
 
 
 def _too_large(size: int) -> ApiError:

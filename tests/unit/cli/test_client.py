@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from fleet_cli.client import ClientError, find_target
+from fleet_cli.commands.doctor import component_rows
 from fleet_cli.main import cli
 from fleet_gateway.auth import SECRET_FILE, dev_token
 from fleet_mesh.natsserver import free_port
@@ -118,3 +119,22 @@ def test_audit_verify_names_an_unreadable_line_and_a_missing_file(tmp_path: Path
     missing = CliRunner().invoke(app, ["audit", "verify", str(tmp_path / "nope.ndjson")])
     assert missing.exit_code == 2
     assert "is neither a file nor a session id" in said(missing)
+
+
+def test_doctor_gives_each_down_component_its_own_advice_and_names_daytona() -> None:
+    rows = {name: (up, advice) for name, up, _, advice in component_rows([
+        {"name": "nats", "kind": "nats", "state": "up"},
+        {"name": "agent", "kind": "service", "state": "down", "detail": "no replica running"},
+        {"name": "SESSIONS", "kind": "stream", "state": "down", "detail": "missing"},
+        {"name": "daytona", "kind": "provider", "state": "degraded", "detail": "401 from the API"},
+    ])}  # fmt: skip
+    assert rows["nats"] == (True, "")
+    assert rows["agent"][0] is False
+    assert "logs/agent.log" in rows["agent"][1]
+    assert "bootstrap" in rows["SESSIONS"][1]
+    assert rows["daytona"][0] is False  # degraded: calls to it fail fast
+    assert "DAYTONA_API_KEY" in rows["daytona"][1]
+    assert "bootstrap" not in rows["daytona"][1]
+    (daytona,) = [r for r in component_rows([{"name": "nats", "state": "up"}]) if r[0] == "daytona"]
+    assert daytona[1] is True
+    assert daytona[2].startswith("not configured: sandboxes run on the local provider")

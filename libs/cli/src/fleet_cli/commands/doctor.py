@@ -20,14 +20,37 @@ ADVICE = {
     "service": "read <data-dir>/logs/{name}.log for its last error; `fleet up` restarts a "
     "service that exits",
     "store": "run the bootstrap: restart `fleet up`, which creates every stream and bucket",
+    "provider": "{name}'s API is failing (its circuit is open, so sandbox calls to it fail "
+    "fast): check DAYTONA_API_KEY, DAYTONA_API_URL and DAYTONA_TARGET given to the sandbox "
+    "broker and the service's status; sessions on the local provider are not affected",
 }
+DAYTONA_OFF = (
+    "not configured: sandboxes run on the local provider (the broker uses Daytona when "
+    "DAYTONA_API_KEY, DAYTONA_API_URL and DAYTONA_TARGET are set)"
+)
 
 
 def _advice(item: dict[str, Any]) -> str:
     kind = str(item.get("kind"))
-    if kind in ("nats", "service"):
+    if kind in ("nats", "service", "provider"):
         return ADVICE[kind].format(name=item.get("name"))
     return ADVICE["store"]
+
+
+Row = tuple[str, bool, str, str]  # check, up, detail, what to do
+
+
+def component_rows(components: list[dict[str, Any]]) -> list[Row]:
+    """One row per component `/ready` named, with what to do for each that is not up; Daytona
+    named even when the broker does not use it (not in use is not a fault)."""
+    rows: list[Row] = []
+    for item in components:
+        up = item.get("state") == "up"
+        detail = str(item.get("detail") or item.get("replica") or "")
+        rows.append((str(item.get("name")), up, detail, "" if up else _advice(item)))
+    if components and not any(item.get("name") == "daytona" for item in components):
+        rows.append(("daytona", True, DAYTONA_OFF, ""))
+    return rows
 
 
 async def _checks(target: Target, env: dict[str, str]) -> list[tuple[str, bool, str, str]]:
@@ -52,10 +75,7 @@ async def _checks(target: Target, env: dict[str, str]) -> list[tuple[str, bool, 
             rows.append(
                 ("ready", False, f"/ready did not answer JSON ({exc})", "see the gateway log")
             )
-        for item in components:
-            up = item.get("state") == "up"
-            detail = str(item.get("detail") or item.get("replica") or "")
-            rows.append((str(item.get("name")), up, detail, "" if up else _advice(item)))
+        rows += component_rows(components)
     rows.append(await _llm(env))
     return rows
 

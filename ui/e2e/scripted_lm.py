@@ -1,27 +1,59 @@
-"""The FAKE scripted LM for the browser smoke (not a model): answers an RLM's steps in order.
+"""The FAKE scripted LM for the browser tests (not a model): answers the chat agent's and the
+RLM's steps by what the prompt already holds, so a resumed or repeated step gets the same
+answer. It prints its base URL on the first line and serves until killed.
 
-Each reply is chosen by what the prompt already holds, so a resumed or repeated step gets the
-same answer: compute 6 * 7 and print it, run a failing cell, then SUBMIT. It prints its base
-URL on the first line and serves until killed.
+- an RLM step (output fields `reasoning`, `code`): compute 6 * 7 and print it, run a failing
+  cell, then SUBMIT; a task that says "count slowly" gets a cell that prints for 8 s (the
+  cancel test); a model named `*scripted-alt*` (the profile the settings test makes) submits
+  "42 via alt";
+- a ReAct step (`next_tool_name`): ask the user which region, and finish once answered;
+- ReAct's extract or a ChainOfThought (`answer`): the region chosen, or "four";
+- the connectivity probe ("Reply with exactly OK"): OK.
 """
 
 import time
 
 from fleet_harness.scripted_lm import Reply, ScriptedLM, ScriptedRequest
 
+SLOW = "import time\nfor i in range(80):\n    print('tick', i, flush=True)\n    time.sleep(0.1)"
 
-def _step(code: str, reasoning: str) -> str:
-    body = f"[[ ## reasoning ## ]]\n{reasoning}\n\n[[ ## code ## ]]\n```python\n{code}\n```\n\n"
+
+def _fields(**values: str) -> str:
+    body = "".join(f"[[ ## {name} ## ]]\n{value}\n\n" for name, value in values.items())
     return body + "[[ ## completed ## ]]\n"
 
 
-def answer(request: ScriptedRequest) -> Reply:
+def _step(code: str, reasoning: str) -> str:
+    return _fields(reasoning=reasoning, code=f"```python\n{code}\n```")
+
+
+def _rlm(request: ScriptedRequest) -> Reply:
     text = request.prompt_text
+    if "count slowly" in text.lower():
+        return Reply(_step(SLOW, "count, slowly"), prompt_tokens=90)
     if "print(6 * 7)" not in text:
         return Reply(_step("x = 6 * 7\nprint(6 * 7)", "compute it"), prompt_tokens=120)
     if "1 / 0" not in text:
         return Reply(_step("1 / 0", "a cell that fails"), prompt_tokens=160)
+    if "scripted-alt" in request.model:
+        return Reply(_step("SUBMIT(answer=str(x) + ' via alt')", "submit"), prompt_tokens=210)
     return Reply(_step("SUBMIT(answer=str(x))", "submit"), prompt_tokens=200)
+
+
+def answer(request: ScriptedRequest) -> Reply:
+    system, text = request.system, request.prompt_text
+    if "Reply with exactly OK" in text:  # the connectivity probe (Settings: Test)
+        return Reply("OK")
+    if "next_tool_name" in system:  # a ReAct step
+        if "eu please" in text:
+            return Reply(_fields(next_thought="done", next_tool_name="finish", next_tool_args="{}"))
+        args = '{"question": "Which region?", "options": ["eu", "us"]}'
+        return Reply(_fields(next_thought="ask", next_tool_name="ask_user", next_tool_args=args))
+    if "`code`" not in system:  # ReAct's extract, or a ChainOfThought
+        if "eu please" in text:
+            return Reply(_fields(reasoning="they chose", answer="deploying to eu"))
+        return Reply(_fields(reasoning="easy", answer="four", needs_tools="False"))
+    return _rlm(request)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import {
   Outlet,
   RouterProvider,
 } from "@tanstack/react-router";
-import { type ReactNode, StrictMode } from "react";
+import { lazy, type ReactNode, StrictMode, Suspense } from "react";
 import { createRoot } from "react-dom/client";
 import { AuthProvider, useAuth } from "./app/auth";
 import { Login } from "./app/Login";
@@ -85,6 +85,16 @@ const screen = <P extends string>(path: P, Page: () => ReactNode) =>
       </Guard>
     ),
   });
+const Bench = lazy(() => import("./bench/BenchPage").then((m) => ({ default: m.BenchPage })));
+const bench = createRoute({
+  getParentRoute: () => root,
+  path: "/bench",
+  component: () => (
+    <Suspense fallback={<p>loading the benchmark…</p>}>
+      <Bench />
+    </Suspense>
+  ),
+});
 const router = createRouter({
   routeTree: root.addChildren([
     home,
@@ -94,6 +104,7 @@ const router = createRouter({
     screen("/sandboxes", SandboxesPage),
     screen("/volumes", VolumesPage),
     screen("/settings", SettingsPage),
+    bench,
   ]),
 });
 

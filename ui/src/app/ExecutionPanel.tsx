@@ -1,4 +1,5 @@
-import type { ViewModel } from "../model/view";
+import { memo, useState } from "react";
+import type { Cell, LlmCall, ViewModel } from "../model/view";
 import { Code } from "./Code";
 import { cost, ms } from "./format";
 
@@ -35,46 +36,80 @@ export function BudgetBar({ view }: { view: ViewModel }) {
   );
 }
 
+/** The latest cells and calls are shown; a long session's earlier ones on request, so a
+ * 10,000-event log renders in one frame's budget (bench/ui.py). */
+export const SHOWN = 100;
+
+const CellItem = memo(function CellItem({ cell, depth }: { cell: Cell; depth: number }) {
+  return (
+    <li className="rounded border border-slate-700 bg-slate-900" data-cell={cell.key}>
+      <div className="border-b border-slate-700 px-2 py-1 text-xs text-slate-300">
+        {depth ? `child run depth ${depth}` : "root run"}
+        {cell.iteration != null ? ` · iteration ${cell.iteration}` : ""}
+        {cell.durationMs ? ` · ${ms(cell.durationMs)}` : ""}
+      </div>
+      <Code code={cell.code} />
+      {cell.stdout ? (
+        <pre className="max-h-48 overflow-auto border-t border-slate-700 p-2 text-sm text-slate-100">
+          {cell.stdout}
+        </pre>
+      ) : null}
+      {cell.error ? (
+        <pre className="overflow-x-auto border-t border-red-800 p-2 text-sm text-red-300">
+          {cell.error}
+        </pre>
+      ) : null}
+      {cell.final != null ? (
+        <div className="border-t border-slate-700 p-2 text-sm text-amber-200">
+          SUBMIT → {JSON.stringify(cell.final)}
+        </div>
+      ) : null}
+    </li>
+  );
+});
+
+const CallRow = memo(function CallRow({ c }: { c: LlmCall }) {
+  return (
+    <tr className={c.error ? "text-red-300" : ""}>
+      <td>{c.role}</td>
+      <td>{c.model}</td>
+      <td>
+        {c.promptTokens}/{c.completionTokens}
+      </td>
+      <td>{cost(c.cost)}</td>
+      <td>
+        {ms(c.latencyMs)}
+        {c.cached ? " (cached)" : ""}
+        {c.error ? ` · ${c.error}` : ""}
+      </td>
+    </tr>
+  );
+});
+
+function Earlier({ hidden, onShow }: { hidden: number; onShow: () => void }) {
+  if (hidden <= 0) return null;
+  return (
+    <button type="button" className="self-start text-sm underline" onClick={onShow}>
+      Show {hidden} earlier
+    </button>
+  );
+}
+
 export function ExecutionPanel({ view }: { view: ViewModel }) {
+  const [all, setAll] = useState(false);
   const live = view.runOrder.map((id) => view.runs[id]).filter((r) => r?.liveStdout);
+  const cells = all ? view.cellOrder : view.cellOrder.slice(-SHOWN);
+  const calls = all ? view.llmOrder : view.llmOrder.slice(-SHOWN);
   return (
     <div className="flex flex-col gap-3 p-3">
-      <section aria-label="Code cells">
+      <section aria-label="Code cells" className="flex flex-col">
         <h3 className="mb-2 font-semibold">Cells ({view.cellOrder.length})</h3>
+        <Earlier hidden={view.cellOrder.length - cells.length} onShow={() => setAll(true)} />
         <ol className="flex flex-col gap-2">
-          {view.cellOrder.map((key) => {
+          {cells.map((key) => {
             const cell = view.cells[key];
             if (!cell) return null;
-            const run = view.runs[cell.run];
-            return (
-              <li
-                key={key}
-                className="rounded border border-slate-700 bg-slate-900"
-                data-cell={key}
-              >
-                <div className="border-b border-slate-700 px-2 py-1 text-xs text-slate-300">
-                  {run?.depth ? `child run depth ${run.depth}` : "root run"}
-                  {cell.iteration != null ? ` · iteration ${cell.iteration}` : ""}
-                  {cell.durationMs ? ` · ${ms(cell.durationMs)}` : ""}
-                </div>
-                <Code code={cell.code} />
-                {cell.stdout ? (
-                  <pre className="max-h-48 overflow-auto border-t border-slate-700 p-2 text-sm text-slate-100">
-                    {cell.stdout}
-                  </pre>
-                ) : null}
-                {cell.error ? (
-                  <pre className="overflow-x-auto border-t border-red-800 p-2 text-sm text-red-300">
-                    {cell.error}
-                  </pre>
-                ) : null}
-                {cell.final != null ? (
-                  <div className="border-t border-slate-700 p-2 text-sm text-amber-200">
-                    SUBMIT → {JSON.stringify(cell.final)}
-                  </div>
-                ) : null}
-              </li>
-            );
+            return <CellItem key={key} cell={cell} depth={view.runs[cell.run]?.depth ?? 0} />;
           })}
           {live.map((run) => (
             <li key={`live:${run?.id}`} className="rounded border border-sky-700 bg-slate-900">
@@ -84,8 +119,9 @@ export function ExecutionPanel({ view }: { view: ViewModel }) {
           ))}
         </ol>
       </section>
-      <section aria-label="LLM calls">
+      <section aria-label="LLM calls" className="flex flex-col">
         <h3 className="mb-2 font-semibold">LLM calls ({view.llmOrder.length})</h3>
+        <Earlier hidden={view.llmOrder.length - calls.length} onShow={() => setAll(true)} />
         <table className="w-full text-left text-sm">
           <thead className="text-slate-300">
             <tr>
@@ -97,24 +133,9 @@ export function ExecutionPanel({ view }: { view: ViewModel }) {
             </tr>
           </thead>
           <tbody>
-            {view.llmOrder.map((key) => {
+            {calls.map((key) => {
               const c = view.llmCalls[key];
-              if (!c) return null;
-              return (
-                <tr key={key} className={c.error ? "text-red-300" : ""}>
-                  <td>{c.role}</td>
-                  <td>{c.model}</td>
-                  <td>
-                    {c.promptTokens}/{c.completionTokens}
-                  </td>
-                  <td>{cost(c.cost)}</td>
-                  <td>
-                    {ms(c.latencyMs)}
-                    {c.cached ? " (cached)" : ""}
-                    {c.error ? ` · ${c.error}` : ""}
-                  </td>
-                </tr>
-              );
+              return c ? <CallRow key={key} c={c} /> : null;
             })}
           </tbody>
         </table>

@@ -5,6 +5,8 @@ import "@xyflow/react/dist/style.css";
 import { useMemo, useState } from "react";
 import { buildTree, treeKey, visibleRows } from "../model/tree";
 import type { ViewModel } from "../model/view";
+import { Code } from "./Code";
+import { cost, ms } from "./format";
 
 const TONE: Record<string, string> = {
   completed: "#34d399",
@@ -15,6 +17,63 @@ const TONE: Record<string, string> = {
   cancelled: "#fca5a5",
   refused: "#f87171",
 };
+
+/** What one tree node holds, opened: a run's task, status, answer or error and its steps; a
+ * cell's code and output; an LLM call's model, tokens, cost and latency. */
+function NodeDetail({ view, id }: { view: ViewModel; id: string }) {
+  const [kind, ...rest] = id.split(":");
+  const key = rest.join(":");
+  if (kind === "run") {
+    const run = view.runs[key];
+    if (!run) return null;
+    const calls = run.llmCalls.length + run.iterations.reduce((n, i) => n + i.llmCalls.length, 0);
+    const cells = run.cells.length + run.iterations.reduce((n, i) => n + i.cells.length, 0);
+    return (
+      <section
+        aria-label="Run detail"
+        data-testid="run-detail"
+        className="rounded border border-slate-700 p-2 text-sm"
+      >
+        <h4 className="font-semibold">
+          {run.kind} run{run.depth ? ` at depth ${run.depth}` : ""} · {run.status}
+        </h4>
+        <p className="font-mono text-xs text-slate-300">{run.id}</p>
+        {run.task ? <p>task: {run.task}</p> : null}
+        <p>
+          {run.iterations.length} iterations · {cells} cells · {calls} LLM calls ·{" "}
+          {run.children.length} child runs
+        </p>
+        {run.answer ? <p className="text-emerald-200">answer: {run.answer}</p> : null}
+        {run.error ? <p className="text-red-300">error: {run.error}</p> : null}
+      </section>
+    );
+  }
+  if (kind === "cell") {
+    const cell = view.cells[key];
+    if (!cell) return null;
+    return (
+      <section aria-label="Cell detail" className="rounded border border-slate-700 text-sm">
+        <Code code={cell.code} />
+        {cell.stdout ? <pre className="border-t border-slate-700 p-2">{cell.stdout}</pre> : null}
+        {cell.error ? (
+          <pre className="border-t border-red-800 p-2 text-red-300">{cell.error}</pre>
+        ) : null}
+      </section>
+    );
+  }
+  if (kind === "llm") {
+    const c = view.llmCalls[key];
+    if (!c) return null;
+    return (
+      <section aria-label="LLM call detail" className="rounded border border-slate-700 p-2 text-sm">
+        {c.role} · {c.model} · {c.promptTokens} in / {c.completionTokens} out · {cost(c.cost)} ·{" "}
+        {ms(c.latencyMs)}
+        {c.error ? <p className="text-red-300">{c.error}</p> : null}
+      </section>
+    );
+  }
+  return null;
+}
 
 export function TraceTree({ view }: { view: ViewModel }) {
   const roots = useMemo(() => buildTree(view), [view]);
@@ -99,6 +158,7 @@ export function TraceTree({ view }: { view: ViewModel }) {
           </div>
         ))}
       </div>
+      {current ? <NodeDetail view={view} id={current} /> : null}
       <div className="h-96 rounded border border-slate-700" aria-hidden="true">
         <ReactFlow nodes={nodes} edges={edges} fitView nodesDraggable={false} colorMode="dark">
           <Background />

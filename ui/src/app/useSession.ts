@@ -7,6 +7,7 @@ import { SessionSocket, type SocketState, type WsLike } from "../api/socket";
 import { fold, foldDelta } from "../model/fold";
 import type { ErrorFrame, EventFrame } from "../model/frames";
 import { emptyView, type ViewModel } from "../model/view";
+import { frameBatcher } from "./feed";
 
 export interface SessionFeed {
   view: ViewModel;
@@ -33,15 +34,10 @@ export function useSession(api: Api, session: string): SessionFeed {
     setView(emptyView());
     setFrames([]);
     setErrors([]);
-    let pending: EventFrame[] = [];
-    let scheduled = 0;
-    const flush = () => {
-      scheduled = 0;
-      const batch = pending;
-      pending = [];
+    const batches = frameBatcher((batch) => {
       setView((v) => fold(v, batch));
       setFrames((all) => all.concat(batch));
-    };
+    });
     const s = new SessionSocket(
       session,
       0,
@@ -53,10 +49,7 @@ export function useSession(api: Api, session: string): SessionFeed {
         base: wsBase(),
       },
       {
-        onFrames: (batch) => {
-          pending.push(...batch);
-          if (!scheduled) scheduled = requestAnimationFrame(flush);
-        },
+        onFrames: (batch) => batches.push(batch),
         onFrame: (frame) => {
           if (frame.type === "delta") setView((v) => foldDelta(v, frame));
           else if (frame.type === "error")
@@ -69,7 +62,7 @@ export function useSession(api: Api, session: string): SessionFeed {
     s.start();
     return () => {
       s.stop();
-      if (scheduled) cancelAnimationFrame(scheduled);
+      batches.cancel();
       socket.current = null;
     };
   }, [api, session]);

@@ -1,0 +1,291 @@
+// The browser tests, against one real mesh (ui/e2e/run: `fleet up` with the chat runner and
+// the FAKE scripted LM in e2e/scripted_lm.py), in Debian's headless chromium driven by
+// playwright-core (no browser download). One page walks the scenarios in order; each writes a
+// screenshot named after it to the output dir (a failed one `<name>-FAILED.png`), and the
+// process exits 1 if any failed. Usage: node e2e/browser.mjs <url> <token> <out dir> <lm url>
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chromium } from "playwright-core";
+
+const [url, token, out = "e2e-out", lmUrl = ""] = process.argv.slice(2);
+if (!url || !token) {
+  console.error("usage: node e2e/browser.mjs <gateway url> <token> [out dir] [scripted LM url]");
+  process.exit(2);
+}
+mkdirSync(out, { recursive: true });
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+  args: [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+  ],
+});
+const context = await browser.newContext({
+  viewport: { width: 1440, height: 900 },
+  acceptDownloads: true,
+});
+const page = await context.newPage();
+const problems = [];
+page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+page.on("console", (m) => {
+  // a refused request (a 4xx the screen shows as an error) is logged by the browser too
+  if (m.type() === "error" && !/Failed to load resource/.test(m.text()))
+    problems.push(`console: ${m.text()}`);
+});
+// Every execution socket goes through here, so a test can drop one mid-turn.
+const sockets = [];
+await page.routeWebSocket(/\/api\/v1\/ws\/execution/, (ws) => {
+  ws.connectToServer();
+  sockets.push(ws);
+});
+
+const T = { turn: 90_000, ui: 15_000 };
+const results = [];
+let shot = 0;
+function check(ok, message) {
+  if (!ok) throw new Error(message);
+}
+async function scenario(name, fn) {
+  shot += 1;
+  const file = `${String(shot).padStart(2, "0")}-${name}`;
+  const started = performance.now();
+  try {
+    await fn();
+    await page.screenshot({ path: `${out}/${file}.png` });
+    results.push({ name, ok: true, s: (performance.now() - started) / 1000, file: `${file}.png` });
+  } catch (error) {
+    await page.screenshot({ path: `${out}/${file}-FAILED.png` }).catch(() => {});
+    results.push({
+      name,
+      ok: false,
+      s: (performance.now() - started) / 1000,
+      error: String(error),
+    });
+  }
+}
+const status = () => page.getByTestId("turn-status").last();
+async function turnEnds(text = /done|failed|cancelled|refused/) {
+  await page
+    .getByTestId("turn-status")
+    .filter({ hasText: text })
+    .last()
+    .waitFor({ timeout: T.turn });
+}
+async function newSession(mode, message) {
+  await page.getByRole("link", { name: "Workspace", exact: true }).click();
+  await page.getByRole("button", { name: "New session" }).click();
+  await page.waitForURL(/\/workspace\/[^/]+$/);
+  await page
+    .getByTestId("connection")
+    .getByText(/^connected/)
+    .waitFor({ timeout: T.ui });
+  await page.getByLabel("Execution mode").selectOption(mode);
+  if (message) {
+    await page.getByLabel("Message").fill(message);
+    await page.getByRole("button", { name: "Send" }).click();
+  }
+  return page.url().split("/").pop().split("?")[0];
+}
+const cellKeys = () =>
+  page.locator("[data-cell]").evaluateAll((els) => els.map((e) => e.dataset.cell));
+
+await page.goto(url);
+await page.getByLabel(/Development token/).fill(token);
+await page.getByRole("button", { name: "Sign in" }).click();
+let first = "";
+
+await scenario("cells-stream", async () => {
+  first = await newSession("rlm_only", "What is 6 times 7?");
+  await page.locator("[data-cell]").first().waitFor({ timeout: T.turn });
+  check((await status().textContent()) === "running", "the turn should still be running");
+});
+
+await scenario("drop-and-resume-mid-turn", async () => {
+  check(sockets.length > 0, "no execution socket was opened");
+  await sockets.at(-1).close({ code: 4000, reason: "dropped by the test" });
+  await page.getByText(/resumed after sequence \d+/).waitFor({ timeout: T.ui });
+  await turnEnds();
+  const keys = await cellKeys();
+  check(new Set(keys).size === keys.length, `a cell shown twice: ${keys}`);
+  check(keys.length >= 3, `expected the turn's cells, saw ${keys.length}`);
+  const answer = (await page.locator("[data-turn] p").last().textContent())?.trim();
+  check((await status().textContent()) === "done" && answer === "42", `turn answered ${answer}`);
+  await page.locator("[data-highlighted=python]").first().waitFor({ timeout: T.ui });
+});
+
+await scenario("trace-tree-child-run", async () => {
+  await page.getByRole("tab", { name: "Trace tree" }).click();
+  const tree = page.getByRole("tree");
+  await tree.focus();
+  await page.keyboard.press("ArrowDown"); // the chat run
+  await page.keyboard.press("ArrowLeft"); // collapse it
+  check((await page.getByRole("treeitem").count()) === 2, "collapsing the run hid nothing");
+  await page.keyboard.press("ArrowRight");
+  const child = page.getByRole("treeitem").filter({ hasText: /depth 1/ });
+  await child.click(); // open the child run (a click also folds it)
+  await page.keyboard.press("ArrowRight"); // and unfold it: its iterations show
+  await page
+    .getByRole("treeitem")
+    .filter({ hasText: /iteration 2/ })
+    .waitFor({ timeout: T.ui });
+  const detail = page.getByTestId("run-detail");
+  await detail.getByText(/rlm run at depth 1/).waitFor({ timeout: T.ui });
+  await detail.getByText("answer: 42").waitFor({ timeout: T.ui });
+});
+
+await scenario("time-travel-first-event", async () => {
+  await page.getByLabel("Time travel").focus();
+  await page.keyboard.press("Home");
+  await page.getByText(/#1\//).waitFor({ timeout: T.ui });
+  await page.getByRole("tab", { name: "Execution" }).click();
+  const early = await page.locator("[data-cell]").count();
+  check(early === 0, `time travel to event 1 still shows ${early} cells`);
+  await page.getByRole("button", { name: "Back to live" }).click();
+});
+
+await scenario("cancel-a-turn", async () => {
+  await newSession("rlm_only", "Please count slowly");
+  await page
+    .getByText(/tick \d+/)
+    .first()
+    .waitFor({ timeout: T.turn }); // stdout streams live
+  await page.getByRole("button", { name: "Cancel turn" }).click();
+  await turnEnds(/cancelled/);
+});
+
+await scenario("answer-a-clarification", async () => {
+  await newSession("auto", "Deploy the code to production");
+  const asks = page.getByRole("region", { name: "The agent asks" });
+  await asks.getByText("Which region?").waitFor({ timeout: T.turn });
+  check(await asks.getByRole("button", { name: "eu" }).isVisible(), "the options are not shown");
+  await page.getByLabel("Your answer").fill("eu please");
+  await page.getByRole("button", { name: "Answer" }).click();
+  await turnEnds();
+  const answer = (await page.locator("[data-turn] p").last().textContent())?.trim();
+  check(answer === "deploying to eu", `the resumed turn answered ${answer}`);
+});
+
+await scenario("upload-a-document", async () => {
+  const text = "Quarterly notes: revenue up 4%.\n".repeat(2000);
+  await page.getByLabel("Attach document").setInputFiles({
+    name: "notes.txt",
+    mimeType: "text/plain",
+    buffer: Buffer.from(text),
+  });
+  await page
+    .getByTestId("uploaded")
+    .getByText(/attached “notes.*” \(\d+ characters\)/)
+    .waitFor({
+      timeout: T.ui,
+    });
+});
+
+await scenario("restore-and-scrub", async () => {
+  await page.getByRole("link", { name: "Sessions", exact: true }).click();
+  await page.getByRole("button", { name: new RegExp(first) }).click();
+  await page
+    .getByTestId("audit-badge")
+    .getByText(/verified: \d+ events/)
+    .waitFor({ timeout: T.ui });
+  await page.getByLabel("State as of").selectOption({ index: 1 });
+  await page.getByRole("button", { name: "Restore" }).click();
+  await page.getByTestId("restored").waitFor({ timeout: T.ui });
+  await page.getByRole("link", { name: "open it at that step" }).click();
+  await page.getByText(/#\d+\/\d+ seq/).waitFor({ timeout: T.ui });
+  const slider = page.getByLabel("Time travel");
+  await slider.focus();
+  await page.keyboard.press("Home");
+  const at = [];
+  for (let i = 0; i < 6; i++) {
+    await page.keyboard.press("ArrowRight");
+    at.push(await page.locator("[data-cell]").count());
+  }
+  check(at[0] === 0, `scrubbing from the start showed ${at[0]} cells at once`);
+  check(
+    at.every((n, i) => i === 0 || n >= (at[i - 1] ?? 0)),
+    `cells went back while scrubbing on: ${at}`,
+  );
+  await page.keyboard.press("End"); // the last event is the live view: the restore itself
+  await page.getByText("live · session.restored").waitFor({ timeout: T.ui });
+});
+
+await scenario("export-import-audit", async () => {
+  await page.getByRole("link", { name: "Sessions", exact: true }).click();
+  await page.getByRole("button", { name: new RegExp(first) }).click();
+  const [download] = await Promise.all([
+    page.waitForEvent("download"),
+    page.getByRole("button", { name: "Export JSONL" }).click(),
+  ]);
+  const saved = `${out}/export.jsonl`;
+  await download.saveAs(saved);
+  const lines = readFileSync(saved, "utf8").trim().split("\n");
+  check(lines.length > 10, `the export holds ${lines.length} lines`);
+  // A tampered copy is refused, naming the event; nothing is imported.
+  const row = JSON.parse(lines[1]);
+  const payload = Buffer.from(row.payload, "base64");
+  payload[Math.floor(payload.length / 2)] ^= 1;
+  row.payload = payload.toString("base64");
+  writeFileSync(
+    `${out}/tampered.jsonl`,
+    [lines[0], JSON.stringify(row), ...lines.slice(2)].join("\n"),
+  );
+  await page.getByLabel("Import JSONL…").setInputFiles(`${out}/tampered.jsonl`);
+  await page.getByText(/export_invalid \(HTTP 422\): the export does not verify/).waitFor({
+    timeout: T.ui,
+  });
+  await page.getByLabel("Import JSONL…").setInputFiles(saved);
+  await page.getByText(/imported \d+ events as a new session/).waitFor({ timeout: T.ui });
+  await page
+    .getByTestId("audit-badge")
+    .getByText(/verified/)
+    .waitFor({ timeout: T.ui });
+});
+
+await scenario("settings-profile-used-by-a-turn", async () => {
+  check(lmUrl, "the scripted LM's URL was not given");
+  await page.getByRole("link", { name: "Settings", exact: true }).click();
+  const form = page.getByRole("form", { name: "New LLM profile" });
+  await form.getByLabel("Profile name").fill("alt");
+  await form.getByLabel("Model").fill("openai/scripted-alt");
+  await form.getByLabel("API base").fill(lmUrl);
+  await form.getByLabel("API key").fill("local");
+  await form.getByRole("button", { name: "Add profile" }).click();
+  await page.locator("[data-profile=alt]").waitFor({ timeout: T.ui });
+  await page.getByLabel("profile for planner", { exact: true }).selectOption("alt");
+  await page.getByLabel("profile for delegate", { exact: true }).selectOption("alt");
+  await page.getByRole("button", { name: "Save roles" }).click();
+  await page.getByText("roles saved").waitFor({ timeout: T.ui });
+  await page.locator("[data-profile=alt]").getByRole("button", { name: "Test" }).click();
+  await page
+    .getByTestId("probe-lm")
+    .getByText(/lm: ok · openai\/scripted-alt/)
+    .waitFor({
+      timeout: T.turn,
+    });
+  await page.screenshot({ path: `${out}/${String(shot).padStart(2, "0")}-settings.png` });
+  await newSession("rlm_only", "What is 6 times 7?");
+  await turnEnds();
+  const answer = (await page.locator("[data-turn] p").last().textContent())?.trim();
+  check(answer === "42 via alt", `the turn answered ${answer}`);
+  await page
+    .getByRole("cell", { name: /scripted-alt/ })
+    .first()
+    .waitFor({ timeout: T.ui });
+});
+
+await browser.close();
+for (const r of results)
+  console.log(
+    `${r.ok ? "ok  " : "FAIL"} ${r.name} (${r.s.toFixed(1)} s)${r.ok ? ` → ${r.file}` : `: ${r.error}`}`,
+  );
+for (const p of problems) console.error(p);
+const failed = results.filter((r) => !r.ok).length;
+console.log(
+  `${results.length - failed} passed, ${failed} failed, ${problems.length} page problems`,
+);
+process.exit(failed || problems.length ? 1 : 0);

@@ -474,7 +474,8 @@ class TurnRun:
         )
         return budgeted_lm(
             ctx.mesh.bus, ctx.mesh.lm, scope,
-            on_call=self.recorder.on_llm_call, grant_id=self.next_grant_id,
+            on_call=self.recorder.on_llm_call, on_delta=self.recorder.live,
+            grant_id=self.next_grant_id,
         )  # fmt: skip
 
     @property

@@ -12,7 +12,12 @@ from fleet_events.sandbox import ExecuteReply, Limits, ToolCall, ToolReply
 from fleet_harness.daytona_fake import DaytonaFake
 from fleet_sandbox_broker.errors import Conflict, ForkFailed, SandboxNotFound, Unavailable
 from fleet_sandbox_broker.providers.base import ToolRelay
-from fleet_sandbox_broker.providers.daytona.provider import LABEL, DaytonaProvider, DaytonaSandbox
+from fleet_sandbox_broker.providers.daytona.provider import (
+    HELPER_NAME,
+    LABEL,
+    DaytonaProvider,
+    DaytonaSandbox,
+)
 
 from .conftest import settings
 
@@ -309,3 +314,32 @@ async def test_a_cell_past_its_wall_time_is_terminal_and_leaves_daytona_healthy(
     assert box.stopped_limit == "wall_time"
     assert daytona.circuit.failures == 0  # a user's loop is not Daytona failing
     assert daytona.circuit.health()["ok"] is True
+
+
+async def test_an_answer_frame_printed_by_the_cell_is_output_the_helpers_answer_wins(
+    daytona: DaytonaProvider,
+) -> None:
+    """The answer comes back with the cell's output, framed by the execution's token. A cell
+    can learn its token and print a frame of its own: it stays output, and the helper's frame,
+    written after everything the cell printed, is the answer."""
+    box = await daytona.create("sb-frame", LIMITS)
+    code = (
+        "import sys\n"
+        "token = sys._getframe(1).f_locals['token']\n"
+        'print(\'\\x00fleet-answer:\' + token + \':{"kind": "final", "value": 666}:\' + token'
+        " + '\\x00')\n"
+        "6 * 7"
+    )
+    reply = await run(box, code)
+    assert (reply.kind, reply.value) == ("result", 42)
+    assert '"value": 666' in reply.stdout
+    assert (await run(box, "print('plain')\nNone")).stdout == "plain\n"  # the frame is removed
+    await box.destroy()
+
+
+async def test_a_context_that_lost_the_helper_gets_it_again(daytona: DaytonaProvider) -> None:
+    box = await daytona.create("sb-helper", LIMITS)
+    assert (await run(box, "x = 1\nx")).value == 1
+    assert (await run(box, f"del globals()[{HELPER_NAME!r}]\n'gone'")).value == "gone"
+    assert (await run(box, "x + 1")).value == 2  # defined again, the variables kept
+    await box.destroy()

@@ -19,14 +19,18 @@ from fleet_events.sandbox import Limits, SandboxInfo
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.natsserver import NatsServer
+from fleet_sandbox_broker.config import BrokerSettings
+from fleet_sandbox_broker.providers.local import family_nproc
 
 from .conftest import BROKER_SECRET
 
 
 class Box:
-    def __init__(self, bus: SandboxBus, limits: Limits | None = None) -> None:
+    def __init__(
+        self, bus: SandboxBus, limits: Limits | None = None, fork_ready: bool = True
+    ) -> None:
         self.bus = bus
-        self.info: SandboxInfo = bus.create_sandbox(limits=limits)
+        self.info: SandboxInfo = bus.create_sandbox(limits=limits, fork_ready=fork_ready)
         self.repl = RemoteInterpreter(bus, self.info.sandbox)
 
     def run(self, code: str) -> Any:
@@ -45,8 +49,8 @@ def make(bus: SandboxBus) -> Iterator[MakeBox]:
     """Boxes on the module's bus, each closed when the test ends."""
     made: list[Box] = []
 
-    def box(limits: Limits | None = None) -> Box:
-        made.append(Box(bus, limits))
+    def box(limits: Limits | None = None, fork_ready: bool = True) -> Box:
+        made.append(Box(bus, limits, fork_ready))
         return made[-1]
 
     yield box
@@ -237,13 +241,18 @@ def test_a_memory_bomb_hits_the_memory_limit(make: MakeBox, bus: SandboxBus) -> 
 
 
 @pytest.mark.slow
-def test_the_process_limit_caps_forks(make: MakeBox) -> None:
-    box = make(Limits(nproc=12))
+@pytest.mark.parametrize("fork_ready", [False, True])
+def test_the_process_limit_caps_forks(make: MakeBox, fork_ready: bool) -> None:
+    """A sandbox that cannot fork is capped at its `nproc`; a fork-ready one at the limit of
+    the largest fork family it may head (its forks share its uid: docs/sandboxes.md, "Fork
+    families"), which is bounded too."""
+    box = make(Limits(nproc=12), fork_ready=fork_ready)
+    cap = family_nproc(12, BrokerSettings().family_max) if fork_ready else 12
     code = """
 import os, signal
 children, error = [], None
 try:
-    for _ in range(100):
+    for _ in range(1000):
         pid = os.fork()
         if pid == 0:
             signal.pause()  # each child holds its process slot until the sandbox is stopped
@@ -255,7 +264,7 @@ except OSError as e:
 """
     count, error = box.run(code)
     assert error == "BlockingIOError"
-    assert count < 12
+    assert cap - 12 < count < cap
 
 
 @pytest.mark.slow

@@ -127,6 +127,7 @@ async def _local(ctx: service.ServiceContext, settings: BrokerSettings) -> Provi
             max_tool_calls=settings.max_tool_calls,
             max_inodes=settings.max_inodes,
             inode_check_s=settings.inode_check_s,
+            family_max=settings.family_max,
         )
     )
 

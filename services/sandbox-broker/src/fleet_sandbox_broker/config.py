@@ -38,6 +38,10 @@ class BrokerSettings(BaseSettings):
     show: tuple[str, ...] = SHOW  # FLEET_SANDBOX_SHOW='["/usr", "/bin"]' (JSON list)
     hide: tuple[str, ...] = HIDE  # FLEET_SANDBOX_HIDE='["/usr/local/secret"]' (JSON list)
     max_tool_calls: int = Field(default=8, ge=1, le=256)  # host tool calls in flight per sandbox
+    # members of one fork family (local provider): a fork-ready sandbox's process limit is
+    # sized for this many (docs/sandboxes.md, "Fork families"); 1 keeps `nproc` exact and
+    # makes every child a clean fallback
+    family_max: int = Field(default=96, ge=1, le=1024)
     max_inodes: int = Field(default=100_000, ge=100)  # files and directories per sandbox
     inode_check_s: float = Field(default=1.0, gt=0)
     python: str = "/usr/bin/python3"

@@ -193,12 +193,16 @@ def spawn(
         )
 
 
-def init_frame(limits: Limits, *, fork_ready: bool, output_cap: int, max_frame: int) -> frames.Init:
+def init_frame(
+    limits: Limits, *, fork_ready: bool, output_cap: int, max_frame: int, nproc: int | None = None
+) -> frames.Init:
+    """`nproc`: the process limit when it is not `limits.nproc` (a fork-ready sandbox's is
+    sized for its whole fork family, `local.family_nproc`)."""
     return frames.Init(
         limits={
             "RLIMIT_AS": limits.memory_mb * MIB,
             "RLIMIT_CPU": limits.cpu_s_total,
-            "RLIMIT_NPROC": limits.nproc,
+            "RLIMIT_NPROC": limits.nproc if nproc is None else nproc,
             "RLIMIT_FSIZE": limits.file_mb * MIB,
             "RLIMIT_NOFILE": limits.open_files,
             "RLIMIT_CORE": 0,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fleet_events.envelope import new_id
 from fleet_events.sandbox import Capabilities, Limits
+from fleet_sandbox_broker.errors import ForkFailed
 from fleet_sandbox_broker.providers import frames, launch
 from fleet_sandbox_broker.providers.base import Provider, Sandbox
 from fleet_sandbox_broker.providers.launch import ETC, HIDE, SHOW
@@ -22,7 +23,26 @@ from fleet_sandbox_broker.providers.sandbox import LocalSandbox
 from fleet_sandbox_broker.providers.uids import UidPool
 from fleet_sandbox_broker.providers.workspace import clone, make_dirs, remove_dir
 
-__all__ = ["ETC", "HIDE", "SHOW", "LocalProvider", "LocalSandbox", "LocalSettings"]
+__all__ = [
+    "ETC", "FAMILY_TASKS", "HIDE", "SHOW", "LocalProvider", "LocalSandbox", "LocalSettings",
+    "family_nproc",
+]  # fmt: skip
+
+FAMILY_TASKS = 4
+"""Tasks one member of a fork family holds on its own: the sandbox's process, its cell
+thread, its checkpoint copy and a retiring copy (measured: 3, one spare)."""
+
+
+def family_nproc(nproc: int, family_max: int) -> int:
+    """`RLIMIT_NPROC` of a fork-ready sandbox, and so of every fork of it. The kernel counts
+    every task of a uid against it, and a family shares one uid (a fork cannot change uid:
+    sandboxes hold no capability), so the limit must fit every member the family may have
+    (`family_max`, the root included) besides `nproc`, the allowance the family's own code
+    shares. An unprivileged process can lower its limit but never raise it, and the broker
+    cannot change another process's limit without CAP_SYS_RESOURCE, which a container often
+    lacks: so the limit is set once, at the root's start, for the largest family."""
+    return nproc + (family_max - 1) * FAMILY_TASKS
+
 
 CAPABILITIES = Capabilities(
     fork=True,
@@ -55,6 +75,10 @@ class LocalSettings:
     # filesystems: counted while cells run, at most every `inode_check_s`, and after each)
     max_inodes: int = 100_000
     inode_check_s: float = 1.0
+    # members of one fork family, the root included (a depth-3, fan-out-4 tree of child runs
+    # is 85); a fork past it is refused (the broker's policy falls back to a clean child), and
+    # a fork-ready sandbox's process limit is sized for it (`family_nproc`)
+    family_max: int = 96
 
 
 class LocalProvider:
@@ -87,6 +111,18 @@ class LocalProvider:
 
     def family_join(self, uid: int) -> None:
         self._families[uid] = self._families.get(uid, 0) + 1
+
+    def family_reserve(self, uid: int, parent: str) -> None:
+        """A place in `uid`'s family for a fork about to be made, or `ForkFailed` when the
+        family is full (its process limit has room for no more members)."""
+        members = self._families.get(uid, 0)
+        if members >= self.settings.family_max:
+            raise ForkFailed(
+                f"cannot fork sandbox {parent}: its fork family already has {members} members, "
+                f"the most one family may have (FLEET_SANDBOX_FAMILY_MAX="
+                f"{self.settings.family_max}); its process limit has room for no more"
+            )
+        self.family_join(uid)
 
     async def family_leave(self, uid: int) -> None:
         left = self._families.get(uid, 0) - 1
@@ -130,10 +166,13 @@ class LocalProvider:
         sandbox = LocalSandbox(self, sandbox_id, uid, limits, channel, process)
         sandbox.start_reading()
         try:
+            nproc = (
+                family_nproc(limits.nproc, self.settings.family_max) if fork_ready else limits.nproc
+            )
             await channel.send(
                 launch.init_frame(
                     limits, fork_ready=fork_ready, output_cap=self.settings.output_cap,
-                    max_frame=self.settings.max_frame,
+                    max_frame=self.settings.max_frame, nproc=nproc,
                 )
             )  # fmt: skip
             await sandbox.wait_ready(self.settings.start_timeout_s)

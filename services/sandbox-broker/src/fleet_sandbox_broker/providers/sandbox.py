@@ -398,6 +398,21 @@ class LocalSandbox:
     async def fork_into(self, child_id: str) -> "LocalSandbox":
         self._check_running()
         provider = self._provider
+        # the member joins before its process exists: a full family refuses the fork here,
+        # before the process limit would (docs/sandboxes.md, "Fork families")
+        provider.family_reserve(self.uid, self.id)
+        made: list[LocalSandbox] = []
+        try:
+            return await self._fork_reserved(child_id, made)
+        except BaseException:
+            # a child that came up left the family as it stopped (`_stop`); the place of one
+            # that never did is given back here
+            if not made or made[0].pid is None:
+                await provider.family_leave(self.uid)
+            raise
+
+    async def _fork_reserved(self, child_id: str, made: list["LocalSandbox"]) -> "LocalSandbox":
+        provider = self._provider
         child_dir = provider.settings.root / child_id
         await asyncio.to_thread(provider.record_uid, self.uid, child_dir)
         await asyncio.to_thread(prepare_child_dirs, child_dir, self.uid)
@@ -411,6 +426,7 @@ class LocalSandbox:
             frames.Channel(mine, provider.settings.max_frame),
             None,
         )
+        made.append(child)
         key = new_id()
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[key] = waiter
@@ -440,7 +456,6 @@ class LocalSandbox:
         if not owned_by(pid, self.uid):
             await child.stop("the forked child reported a process that is not its own", "protocol")
             raise ForkFailed(f"fork of sandbox {self.id} failed: the child misreported itself")
-        provider.family_join(self.uid)
         child.contexts = set(self.contexts)
         return child
 

@@ -123,9 +123,16 @@ def test_every_operation_answers_as_its_schema_says_for_two_tenants(gateway: Any
                 case.path_parameters["session_id"] = session_a
             response = case.call(base_url=url, headers=auth[who], timeout=30)
             seen[label] = seen.get(label, 0) + 1
-            if response.status_code >= 500:
+            # the optimization surface is declared as 503 until the quality service exists
+            expected = operation.path.startswith("/api/v1/optimization/") and (
+                response.status_code in (401, 429)
+                or (response.status_code == 503 and "optimization_unavailable" in response.text)
+            )
+            if response.status_code >= 500 and not expected:
                 server_errors.append(f"{label} -> {response.status_code}: {response.text[:200]}")
-            case.validate_response(response, checks=CHECKS)
+            optimization = operation.path.startswith("/api/v1/optimization/")
+            checks = [c for c in CHECKS if not (optimization and c is not_a_server_error)]
+            case.validate_response(response, checks=checks)
             # aimed at A's session only: B may own a profile named as its own path says
             if who == "b" and own and "session_id" in (case.path_parameters or {}):
                 assert response.status_code in (404, 409, 413, 422), (label, response.text)

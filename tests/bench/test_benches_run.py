@@ -50,6 +50,8 @@ def test_sandbox_bench_prints_execution_and_child_latencies() -> None:
     assert len(RATIO.findall(out)) >= 2  # 6*7 and the tool round trip, beside LocalInterpreter
     for phrase in ("fork", "warm pool", "create"):
         assert phrase in out.lower(), phrase
+    # the provider column: local and daytona (on the fake) through one broker, and the fake alone
+    assert re.search(r"warm exec 6\*7 +\d+\.\d+ +\d+\.\d+ +\d+\.\d+ +-?\d+\.\d+", out), out
 
 
 @pytest.mark.slow

@@ -107,6 +107,8 @@ async def test_run_answers_on_stdout_with_progress_on_stderr_and_sessions_export
     for name in ("gateway", "token", "nats", "agent", "gateway", "sandbox-broker"):
         assert " up " in rows[name], doctor.stdout
     assert " down " in rows["llm"]
+    assert " up " in rows["daytona"]  # not in use: named, not a fault
+    assert "not configured" in rows["daytona"]
     assert "FLEET_LLM_API_BASE" in " ".join(doctor.stdout.split())
 
 

@@ -2,7 +2,8 @@
 (`FLEET_AGENT_RUNNER=chat`) answering from the scripted LM (a FAKE OpenAI-compatible server in
 this test process, which sees every prompt). A file becomes a document of the session and its
 text reaches the model; a directory becomes the session sandbox's checkout and the RLM's code
-reads it there; `--mode` reaches the turn; the exit status says success, failure or bad input.
+reads it there; `--mode` reaches the turn; the exit status says success, refusal, failure or
+bad input.
 """
 
 import json
@@ -97,6 +98,13 @@ async def test_run_with_context_answers_from_a_file_and_a_directory_through_the_
         assert turn["answer"] == "ship the checkout reader"  # read in the session's sandbox
         requested = turn["events"][0]["data"]
         assert (requested["mode"], requested["context_paths"]) == ("rlm_only", ["plans/today.txt"])
+
+        gone = turn["session"]
+        assert fleet(mesh, "sessions", "rm", gone).returncode == 0
+        refused = fleet(mesh, "run", "one more?", "--session", gone)
+        assert refused.returncode == 3, (refused.stdout, refused.stderr)  # a refusal
+        assert refused.stdout == ""
+        assert "turn refused" in refused.stderr
 
         failed = fleet(mesh, "run", BROKEN)
         assert failed.returncode == 1, (failed.stdout, failed.stderr)

@@ -285,3 +285,36 @@ async def test_feedback_is_recorded_on_the_turns_log_and_only_there(
     assert (event.turn, event.data.is_correct, event.data.comment) == (turn, False, "wrong")
     assert event.data.trace_id == judged.json()["trace_id"]
     assert event.data.user == "alice"
+
+
+async def test_two_gateway_replicas_export_each_ended_turn_once(
+    api: Api, processes: Processes, receiver: Receiver, tmp_path: Path
+) -> None:
+    """Both replicas bind the one durable consumer: a turn's trace reaches the collector from
+    one of them, not from each (the second turn, exported after the first, is the marker that
+    a duplicate of the first would have had its chance to arrive)."""
+
+    def exports_of(trace: str) -> int:
+        found = 0
+        for kind, body in receiver.requests:
+            ids = {s.trace_id.hex() for r in body.resource_spans for c in r.scope_spans
+                   for s in c.spans}  # fmt: skip
+            found += kind == "application/json" and ids == {trace}
+        return found
+
+    traces: list[str] = []
+    async with running_api(processes.server.url, tmp_path / "gw-2") as second:
+        assert second.state.replica != api.state.replica
+        with ScriptedLM(script) as fake:
+            for _ in range(2):
+                tenant = tenant_id()
+                sid, _ = await _recursive_turn(api, tenant, fake)
+                listed = await api.call("GET", f"/api/v1/sessions/{sid}/traces", tenant)
+                trace = listed.json()["items"][0]["trace_id"]
+                traces.append(trace)
+
+                async def exported(t: str = trace) -> bool:
+                    return exports_of(t) >= 1
+
+                await eventually(exported, timeout=30, what="the turn's live export")
+    assert [exports_of(t) for t in traces] == [1, 1]

@@ -27,3 +27,13 @@ def test_paths_are_listed_for_code_to_read_and_a_long_list_is_cut_with_a_count()
     )
     many = tuple(f"f{n}" for n in range(MAX_LISTED_PATHS + 5))
     assert block([], [], many).endswith(f"f{MAX_LISTED_PATHS - 1} and 5 more]")
+
+
+def test_with_a_limit_a_document_past_the_room_left_is_named_for_the_tools() -> None:
+    short, long = (ref("a"), "x" * 10), (ref("b"), "y" * 50)
+    text = block([short, long], [], (), max_chars=40)
+    assert "x" * 10 + "\n[end of document 'a']" in text
+    assert "y" * 50 not in text
+    assert "[context document 'b' (b.txt, 50 characters): too long to include here" in text
+    assert "as 'b']" in text
+    assert "y" * 50 in block([short, long], [], ())  # no limit: both whole

@@ -154,7 +154,7 @@ async def load_session(mesh: EngineMesh, turn: TurnInput) -> tuple[SessionState,
 
 
 async def load_turn(
-    mesh: EngineMesh, turn: TurnInput
+    mesh: EngineMesh, turn: TurnInput, max_chars: int | None = None
 ) -> tuple[SessionState, TurnRequested | None, str]:
     """The session's fold, the turn's request and the context it names (`turn_context`), in
     one pass over its log (on the bus loop).
@@ -176,7 +176,7 @@ async def load_turn(
     if line is not None:
         log.warning(line, extra={"session": turn.session})
     documents = {d.alias: d for d in state.image.documents}
-    context = await read_context(blobs, turn.tenant, request, documents)
+    context = await read_context(blobs, turn.tenant, request, documents, max_chars=max_chars)
     return state, request, context
 
 
@@ -242,7 +242,8 @@ class ChatRunner:
         self, turn: TurnInput, token: CancelToken
     ) -> Answered | Stopped | Parked | Failed:
         mesh = await self._pool.get(turn.tenant)
-        state, request, context = await _on_bus(mesh, load_turn(mesh, turn))
+        threshold = self._options.context_threshold
+        state, request, context = await _on_bus(mesh, load_turn(mesh, turn, threshold))
         mode = request.mode if request is not None else "auto"
         resume = None
         if turn.attempt > 1:  # only a parked turn runs again (not restartable otherwise)

@@ -7,7 +7,8 @@ header naming it; the named sandbox paths are listed for the agent to read with 
 files of the checkout the session's sandbox was given). The message and the block together are
 the turn's question: ChainOfThought and ReAct read them as the question, the RLM route as its
 task, and the escalation rule counts their characters (a document past the context threshold
-goes to the RLM, as a long message does).
+goes to the RLM, as a long message does). A `tools_only` turn cannot reach the RLM, so there a
+document past the threshold is named, not put in, and ReAct reads it with the document tools.
 """
 
 import logging
@@ -21,15 +22,25 @@ MAX_LISTED_PATHS = 100
 
 
 def block(
-    documents: list[tuple[DocumentRef, str]], missing: list[str], paths: tuple[str, ...]
-) -> str:
-    """The text that follows the message (empty when the request names nothing). Pure."""
+    documents: list[tuple[DocumentRef, str]], missing: list[str], paths: tuple[str, ...],
+    *, max_chars: int | None = None,
+) -> str:  # fmt: skip
+    """The text that follows the message (empty when the request names nothing). Pure.
+
+    With `max_chars` (a turn that may not reach the RLM: `tools_only`), documents are put in
+    whole only while their text fits in it; the rest are named for the document tools."""
     parts = []
+    room = max_chars
     for ref, text in documents:
-        parts.append(
-            f"[context document {ref.alias!r} ({ref.origin[:200]}, {len(text)} characters)]\n"
-            f"{text}\n[end of document {ref.alias!r}]"
-        )
+        header = f"[context document {ref.alias!r} ({ref.origin[:200]}, {len(text)} characters)"
+        if room is not None and len(text) > room:
+            parts.append(
+                f"{header}: too long to include here; read it with the document tools "
+                f"(read_file_slice, find_in_document) as {ref.alias!r}]"
+            )
+            continue
+        room = None if room is None else room - len(text)
+        parts.append(f"{header}]\n{text}\n[end of document {ref.alias!r}]")
     for alias in missing:
         parts.append(f"[context document {alias!r} was named but is not loaded in this session]")
     if paths:
@@ -44,9 +55,10 @@ def block(
 
 async def read_context(
     blobs: JetStreamBlobs, tenant: str, request: TurnRequested | None,
-    documents: dict[str, DocumentRef],
+    documents: dict[str, DocumentRef], *, max_chars: int | None = None,
 ) -> str:  # fmt: skip
-    """The block for `request`, reading each named document's text (on the bus loop)."""
+    """The block for `request`, reading each named document's text (on the bus loop); a
+    `tools_only` turn gets at most `max_chars` of document text put in whole."""
     if request is None or not (request.document_ids or request.context_paths):
         return ""
     found: list[tuple[DocumentRef, str]] = []
@@ -63,4 +75,5 @@ async def read_context(
             missing.append(alias)
             continue
         found.append((ref, text_of(data, ref.media_type, ref.origin)[0]))
-    return block(found, missing, request.context_paths)
+    room = max_chars if request.mode == "tools_only" else None
+    return block(found, missing, request.context_paths, max_chars=room)

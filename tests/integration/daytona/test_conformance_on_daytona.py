@@ -1,8 +1,8 @@
 """The interpreter conformance suite (tests/integration/interpreter/test_conformance.py, the
 same functions, not a copy) against a broker on daytona over the contract fake.
 
-Two of its tests are not collected here, each for a stated reason (docs/sandboxes.md lists
-them as open); they are not skipped: they are known not to hold on this provider yet.
+One of its tests is not collected here, for the stated reason (docs/sandboxes.md lists
+it as open); it is not skipped: it is known not to hold on this provider yet.
 """
 
 import importlib.util
@@ -19,8 +19,6 @@ from fleet_mesh.natsserver import NatsServer
 NOT_YET = {
     "test_output_written_below_python_is_captured_too": "fd-level output of the fake's "
     "context process is its protocol pipe; Daytona's capture is not modelled",
-    "test_time_waiting_on_a_host_tool_does_not_count": "Daytona's interpreter timeout cannot "
-    "be paused while a host call is pending",
 }
 
 _path = Path(__file__).parents[1] / "interpreter" / "test_conformance.py"

@@ -343,3 +343,22 @@ async def test_a_context_that_lost_the_helper_gets_it_again(daytona: DaytonaProv
     assert (await run(box, f"del globals()[{HELPER_NAME!r}]\n'gone'")).value == "gone"
     assert (await run(box, "x + 1")).value == 2  # defined again, the variables kept
     await box.destroy()
+
+
+async def test_closing_a_context_ends_its_interpreter_and_interrupt_drops_it(
+    daytona: DaytonaProvider, fake: DaytonaFake
+) -> None:
+    """Before the fake answered a context delete with the JSON the SDK decodes, no context
+    could be deleted (the SDK raised, and the circuit counted it)."""
+    box = await daytona.create("sb-ctx", LIMITS)
+    assert (await run(box, "x = 1\nx", context="a")).value == 1
+    await box.close_context("a")
+    (remote,) = [
+        b for b in fake.sandboxes.values() if b.dto["labels"][f"{LABEL}/sandbox"] == "sb-ctx"
+    ]
+    assert remote.contexts == {}
+    assert (await run(box, "'x' in globals()", context="a")).value is False  # a fresh one
+    assert await box.interrupt("a") is True  # Daytona has no interrupt: the context goes
+    assert await box.interrupt("a") is False
+    assert daytona.circuit.failures == 0
+    await box.destroy()

@@ -103,6 +103,7 @@ def _daytona(ctx: service.ServiceContext, settings: BrokerSettings) -> Provider:
             deadline_s=settings.daytona_deadline_s,
             circuit_cool_s=settings.daytona_circuit_cool_s,
             max_tool_calls=settings.max_tool_calls,
+            host_wait_s=settings.callback_timeout_s,
         )
     )
 

@@ -556,7 +556,9 @@ class DaytonaFake:
         if ctx is None:
             return _error(404, f"context {request.match_info['id']} not found")
         await ctx.close()
-        return web.Response(status=200)
+        # the SDK reads the answer as Dict[str, str]: an empty body failed its decoding, so no
+        # context could ever be deleted on the fake
+        return web.json_response({"message": f"context {ctx.id} deleted"})
 
     async def _interpret(self, request: web.Request) -> web.StreamResponse:
         box = self._box(request)

@@ -8,6 +8,7 @@ sandbox it asked, not to anything the cell prints.
 """
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -42,6 +43,7 @@ from fleet_events.sandbox import (
     ProbeCheck,
     ToolCall,
 )
+from fleet_sandbox_broker.domain import Stopwatch
 from fleet_sandbox_broker.errors import SandboxError, SandboxStopped, TooLarge
 from fleet_sandbox_broker.providers.base import ToolRelay
 from fleet_sandbox_broker.providers.daytona.callbacks import CallbackGate, CallbackRefused
@@ -49,6 +51,7 @@ from fleet_sandbox_broker.providers.daytona.resilience import Caller, Circuit, t
 
 HOME = PurePosixPath("/home/daytona")
 POLL_S = 0.02  # how often a running cell's call frames are looked for
+WALL = "the wall time ran out"  # what the frame pump returns when it stopped the cell for it
 LABEL = "fleet-rlm"  # every sandbox carries fleet-rlm/sandbox, /replica and /parent labels
 
 
@@ -77,6 +80,7 @@ class DaytonaSettings:
     circuit_cool_s: float = 30.0
     labels: dict[str, str] = field(default_factory=dict)
     max_tool_calls: int = 8  # host calls in flight per sandbox
+    host_wait_s: float = 600.0  # the longest a cell's host calls may keep it waiting, in all
 
 
 def _slot(context: str) -> str:
@@ -349,18 +353,23 @@ class DaytonaSandbox:
         slot = _slot(context)
         names = [str(f["name"]) for f in output_fields or []]
         defined = context in self._defined
+        # The wall limit is the broker's stopwatch, paused while a host call is pending (as the
+        # local provider's); Daytona's own timeout is only a backstop above it, since its clock
+        # cannot be paused: the wall time plus the time host calls may take.
+        watch = Stopwatch(wall_s)
+        backstop = max(1, math.ceil(wall_s + self._provider.settings.host_wait_s))
 
         async def cell() -> Any:
             try:
                 source = _wrapper(code, slot, token, bound, tools, names, define=not defined)
                 run = await self.remote.code_interpreter.run_code(
-                    source, context=ctx, timeout=max(1, math.ceil(wall_s))
+                    source, context=ctx, timeout=backstop
                 )
                 if defined and run.error is not None and HELPER_NAME in str(run.error.value):
                     # the context lost the helper (its interpreter restarted): define it again
                     source = _wrapper(code, slot, token, bound, tools, names)
                     run = await self.remote.code_interpreter.run_code(
-                        source, context=ctx, timeout=max(1, math.ceil(wall_s))
+                        source, context=ctx, timeout=backstop
                     )
                 return run
             except DaytonaTimeoutError:
@@ -368,19 +377,25 @@ class DaytonaSandbox:
 
         running = asyncio.create_task(self._provider.call(f"exec in {self.id}", cell))
         try:
-            fatal = await self._pump(slot, token, running, relay)
+            fatal = await self._pump(slot, token, running, relay, watch)
         finally:
             self._provider.gate.revoke(token)
-        if fatal is not None:
+        if fatal is not None and fatal is not WALL:
             await self.close_context(context)
             return ExecuteReply(kind="error", error=f"{fatal}; the context's variables are lost")
-        run = await running
+        run = None if fatal is WALL else await running
         if run is None:
             reason = (
                 f"execution exceeded the {wall_s:g} s wall-time limit (time waiting on host "
-                "tools counted: Daytona's interpreter cannot pause its clock)"
+                "tools not counted)"
             )
             await self.stop(reason, "wall_time")
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+            # the cell may still be running in Daytona: its interpreter goes with its context
+            # (best effort: the sandbox is stopped, and deleted or reaped after this)
+            with contextlib.suppress(SandboxError):
+                await self.close_context(context)
             return ExecuteReply(kind="terminal", error=reason)
         self._defined.add(context)
         answer, printed = _answer(run.stdout, token)
@@ -403,7 +418,12 @@ class DaytonaSandbox:
         )
 
     async def _pump(
-        self, slot: str, token: str, running: "asyncio.Task[Any]", relay: ToolRelay
+        self,
+        slot: str,
+        token: str,
+        running: "asyncio.Task[Any]",
+        relay: ToolRelay,
+        watch: Stopwatch,
     ) -> str | None:
         """Pull this execution's call frames through this sandbox's toolbox until it ends.
 
@@ -417,9 +437,11 @@ class DaytonaSandbox:
 
         async def answer(stem: str, call: ToolCall | None, error: str = "") -> None:
             if call is not None:
+                watch.pause()  # time waiting on the host is not the cell's
                 try:
                     reply = await relay(call)
                 finally:
+                    watch.resume()
                     gate.finished(self.id)
                 body = {"ok": reply.ok, "value": reply.value, "error": reply.error}
             else:
@@ -432,6 +454,9 @@ class DaytonaSandbox:
                 await asyncio.wait({running}, timeout=POLL_S)
                 if running.done():
                     break
+                if not watch.paused and watch.remaining() <= 0:
+                    running.cancel()
+                    return WALL
                 try:
                     listed = await self.remote.fs.list_files(calls)
                 except DaytonaError:

@@ -7,6 +7,9 @@ gateway as a real process:
    it includes the append itself. Two loads: 10 clients at 1,000 events/s and 100 clients at
    50 events/s (goal p99 ≤ 50 ms); then, per load, the rate doubles until a socket is closed
    (4008) or an event goes missing: the highest rate that delivered everything is printed.
+   Beside each load: a bare core-NATS subscriber in the clients' process (the floor this
+   machine allows at that moment: no gateway in between), and the gateway's CPU per frame
+   sent, which scheduling on a loaded machine does not move as much as latency.
 2. Projector throughput: the gateway's projector folding N stored events vs a raw batched
    read of the same stream (goal ≥ 0.8x).
 3. `GET /api/v1/sessions` of a tenant with 10,000 sessions: p50 (goal ≤ 20 ms).
@@ -16,7 +19,9 @@ Run: `.venv/bin/python bench/gateway.py [--quick]`. Figures print; nothing is as
 
 import argparse
 import asyncio
+import functools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -67,6 +72,17 @@ async def clients_main(spec: dict[str, Any]) -> None:
         )
         for t in spec["tickets"]
     ]
+    # The floor, measured beside the sockets in this same process: a bare core-NATS
+    # subscriber on the session's log gets every append with no gateway in between.
+    floor: list[float] = []
+
+    async def bare(msg: Any) -> None:
+        sent = datetime.fromisoformat(json.loads(msg.data)["ts"]).timestamp()
+        floor.append((time.time() - sent) * 1000)
+
+    nc = await connect(spec["nats_url"], name="bench-floor")
+    await nc.subscribe(spec["subject"], cb=bare)
+    await nc.flush()
     print("ready", flush=True)
     latencies: list[float] = []
     closes: list[int] = []
@@ -91,7 +107,9 @@ async def clients_main(spec: dict[str, Any]) -> None:
         await ws.close()
 
     await asyncio.gather(*(read(ws) for ws in sockets))
-    print(json.dumps({"latencies": latencies, "closes": closes, "counts": counts}), flush=True)
+    await nc.close()
+    out = {"latencies": latencies, "closes": closes, "counts": counts, "floor": floor}
+    print(json.dumps(out), flush=True)
 
 
 # -- the parent --------------------------------------------------------------------------------
@@ -122,9 +140,19 @@ async def tickets(base: str, token: str, n: int) -> list[str]:
         return got
 
 
+def cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; nan elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def fanout(
-    store: EventStore, base: str, token: str, clients: int, rate: int, seconds: float, tmp: Path
-) -> dict[str, Any]:
+    store: EventStore, base: str, token: str, clients: int, rate: int, seconds: float, tmp: Path,
+    nats_url: str, gateway_pid: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
     session = new_id()
     after = await append(store, session, "start")
     events = int(rate * seconds)
@@ -132,6 +160,7 @@ async def fanout(
         "url": base.replace("http://", "ws://") + "/api/v1/ws/execution/events",
         "session": session, "after": after, "expected": events, "timeout": 10.0,
         "tickets": await tickets(base, token, clients),
+        "nats_url": nats_url, "subject": log_subject(TENANT, session),
     }  # fmt: skip
     spec_path = tmp / f"spec-{session}.json"
     spec_path.write_text(json.dumps(spec))
@@ -141,6 +170,7 @@ async def fanout(
     )  # fmt: skip
     assert proc.stdout is not None
     assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"ready"
+    cpu_before = cpu_s(gateway_pid)
     start = time.perf_counter()
     for i in range(events):
         due = start + i / rate
@@ -150,12 +180,15 @@ async def fanout(
         await append(store, session, f"event {i}")
     achieved = events / (time.perf_counter() - start)
     out = json.loads((await asyncio.wait_for(proc.stdout.readline(), 120)).decode())
+    cpu_used = cpu_s(gateway_pid) - cpu_before
     await proc.wait()
     complete = not out["closes"] and all(c == events for c in out["counts"])
     return {
         "clients": clients, "rate": rate, "achieved": achieved, "events": events,
         "p50": pct(out["latencies"], 0.50), "p99": pct(out["latencies"], 0.99),
+        "floor_p50": pct(out["floor"], 0.50), "floor_p99": pct(out["floor"], 0.99),
         "closes": len(out["closes"]), "complete": complete,
+        "cpu_us": cpu_used / max(1, sum(out["counts"])) * 1e6, "load": os.getloadavg()[0],
     }  # fmt: skip
 
 
@@ -163,7 +196,10 @@ def line(r: dict[str, Any]) -> str:
     return (
         f"  {r['clients']:>3} clients x {r['rate']:>5}/s (writer reached {r['achieved']:.0f}/s): "
         f"p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms, closes {r['closes']}, "
-        f"all delivered: {r['complete']}"
+        f"all delivered: {r['complete']}\n"
+        f"      beside it, a bare NATS subscriber (the floor): p50 {r['floor_p50']:.1f} ms, "
+        f"p99 {r['floor_p99']:.1f} ms; gateway CPU {r['cpu_us']:.0f} us per frame sent; "
+        f"load average {r['load']:.1f}"
     )
 
 
@@ -224,7 +260,7 @@ async def main(quick: bool) -> None:
         store = await open_store(js, streams.SESSIONS)
         port, data = free_port(), tmp / "gw"
         launcher = Launcher(nats_url=nats.url, log_dir=tmp)
-        launcher.start("gateway", env={
+        (gateway,) = launcher.start("gateway", env={
             "FLEET_GATEWAY_PORT": str(port), "FLEET_GATEWAY_DATA_DIR": str(data),
             # the bench measures the routes, not the per-tenant rate limit in front of them
             "FLEET_GATEWAY_TENANT_RPS": "100000", "FLEET_GATEWAY_TENANT_BURST": "100000",
@@ -241,12 +277,16 @@ async def main(quick: bool) -> None:
             seconds = 1.5 if quick else 3.0
             print("WebSocket fan-out, store → client (goal p99 ≤ 50 ms):")
             for clients, rate in ((10, 1000), (100, 50)):
-                first = await fanout(store, base, token, clients, rate, seconds, tmp)
+                run = functools.partial(
+                    fanout, store, base, token, clients, tmp=tmp, nats_url=nats.url,
+                    gateway_pid=gateway.pid,
+                )  # fmt: skip
+                first = await run(rate, seconds)
                 print(line(first))
                 best = first["achieved"] if first["complete"] else 0.0
                 probe = rate * 2
                 while best >= rate * 0.9 and probe <= rate * (4 if quick else 16):
-                    r = await fanout(store, base, token, clients, probe, seconds, tmp)
+                    r = await run(probe, seconds)
                     print(line(r))
                     if not r["complete"]:
                         break

@@ -174,6 +174,7 @@ async def serve_http(app: FastAPI, settings: GatewaySettings) -> Callable[[], Aw
         access_log=False,
         lifespan="off",  # the runtime is the lifespan: nothing to start per app
         timeout_graceful_shutdown=HTTP_GRACE_S,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
     )
     server = _EmbeddedServer(config)
 

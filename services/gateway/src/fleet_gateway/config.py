@@ -52,6 +52,10 @@ class GatewaySettings(BaseSettings):
     """The longest an API token (`POST /api/v1/auth/tokens`) may be issued for."""
     read_wait_max_s: float = Field(default=5.0, gt=0, le=60)
     """The longest a read with `min_seq` waits for this replica's projections to catch up."""
+    ws_per_message_deflate: bool = False
+    """Compress WebSocket frames (permessage-deflate) when a client offers it. Off: the
+    deflate runs once per frame per socket (nothing is shared between sockets), which was
+    half the gateway's send cost at 10 clients x 1,000 events/s (docs/websocket.md)."""
     ws_queue_limit: int = Field(default=1024, ge=1, le=100_000)
     """Frames one WebSocket may fall behind before it is closed with 4008 and the last
     sequence it was sent (never a silent drop: the client resumes from there)."""

@@ -2,10 +2,16 @@
 its checkpoint.
 
 It reads with batched direct gets (`EventStore.read_raw`: up to 1,000 messages per round trip,
-no consumer to create, nothing on the server to clean up when a replica dies), commits every
-`BATCH` events with the checkpoint, and when it has caught up waits for the next message on
-`fleet.session.>` (a core subscription used only as a doorbell) or `IDLE_POLL_S`, whichever
-comes first, so a missed doorbell (a reconnect) costs at most that long.
+no consumer to create, nothing on the server to clean up when a replica dies) and commits every
+`BATCH` events with the checkpoint. While the log moves it lets the tail gather for
+`GATHER_S` between reads (one round trip and one transaction per few events, not per event),
+unless a reader is waiting for a sequence (`ProjectionStore.wanted`), which it serves at once.
+When a read finds nothing it rings a one-shot doorbell: a core subscription on
+`fleet.session.>` that the server ends after one message, registered before a last read so no
+append falls between, then waits for it or `IDLE_POLL_S` (a missed doorbell, a reconnect, costs
+at most that long). A busy log therefore costs no doorbell message per event: every message a
+subscription receives is parsed by nats-py, headers and all, which was a third of the
+projector's cost at 1,000 events/s (docs/websocket.md).
 
 Only the event types the read models read are decoded (picked by the `Fleet-Type` header);
 an event that cannot be decoded (a newer writer's type, a payload whose blob is gone) is
@@ -31,6 +37,8 @@ from fleet_mesh.store import EventStore, RawEvent, StoreError
 SESSIONS_FILTER = "fleet.session.>"
 BATCH = 500
 IDLE_POLL_S = 1.0
+GATHER_S = 0.01
+"""How long the tail of a moving log gathers between reads (a waiting reader cuts it short)."""
 NO_LIMIT = 2**63 - 1
 
 READ_TYPES = frozenset(
@@ -112,29 +120,55 @@ class Projector:
         return read
 
     async def run(self) -> None:
-        """Until `stop`: catch up, then wait for the doorbell (or the idle poll)."""
+        """Until `stop`: catch up; while the log moves, let the tail gather; when it is still,
+        wait for the doorbell (or the idle poll)."""
+        try:
+            while not self._stopping.is_set():
+                self.projections.wanted.clear()  # a reader waiting from now on cuts the gather
+                read = await self._read()
+                if read >= BATCH:
+                    continue  # far behind: read on
+                if read > 0:
+                    await _first(self.projections.wanted, self._stopping, GATHER_S)
+                    continue
+                await self._idle()
+        finally:
+            self.finished.set()
+
+    async def _idle(self) -> None:
+        """Nothing new: ring a one-shot doorbell, read once more (what landed before it was
+        registered), and wait for it if that found nothing either."""
         doorbell = asyncio.Event()
 
         async def ring(_: Msg) -> None:
             doorbell.set()
 
-        sub = await self._nc.subscribe(SESSIONS_FILTER, cb=ring)
-        await self._nc.flush()  # registered before the first catch-up: no append falls between
         try:
-            while not self._stopping.is_set():
-                doorbell.clear()
-                read = 0
-                if self._nc.is_connected:  # reading now would only fill the reconnect buffer
-                    try:
-                        read = await self.catch_up()
-                    except (StoreError, TimeoutError, NatsError) as exc:
-                        log.warning("projector read failed", extra={"error": type(exc).__name__})
-                if read == 0:
-                    await _first(doorbell, self._stopping, IDLE_POLL_S)
+            sub = await self._nc.subscribe(SESSIONS_FILTER, cb=ring)
+            # the server ends it after one message; nats-py's `subscribe(max_msgs=1)` only
+            # drops the rest on arrival, after the server has sent them all
+            await sub.unsubscribe(limit=1)
+            await self._nc.flush()  # registered before the read below: nothing falls between
+        except (NatsError, TimeoutError) as exc:
+            log.warning("projector doorbell failed", extra={"error": type(exc).__name__})
+            await _first(self._stopping, self._stopping, IDLE_POLL_S)
+            return
+        try:
+            if await self._read() == 0:
+                await _first(doorbell, self._stopping, IDLE_POLL_S)
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-            self.finished.set()
+            if not doorbell.is_set():
+                with contextlib.suppress(Exception):  # a connection already closing
+                    await sub.unsubscribe()
+
+    async def _read(self) -> int:
+        if not self._nc.is_connected:  # reading now would only fill the reconnect buffer
+            return 0
+        try:
+            return await self.catch_up()
+        except (StoreError, TimeoutError, NatsError) as exc:
+            log.warning("projector read failed", extra={"error": type(exc).__name__})
+            return 0
 
 
 async def _first(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:

@@ -45,6 +45,9 @@ class ProjectionStore:
         self.checkpoint = self._read_checkpoint()
         self._advanced = asyncio.Condition()
         self._known: set[tuple[str, str]] = set()
+        self.wanted = asyncio.Event()
+        """Set while a reader waits for a sequence not folded yet: the projector reads at
+        once instead of letting the tail gather (`Projector.run`)."""
 
     def _migrate(self) -> None:
         has_meta = self._db.execute(
@@ -108,6 +111,7 @@ class ProjectionStore:
         """Whether this replica has folded the log up to `seq` within `timeout`."""
         if self.checkpoint >= seq:
             return True
+        self.wanted.set()
         try:
             async with self._advanced:
                 await asyncio.wait_for(

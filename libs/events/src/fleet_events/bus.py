@@ -338,3 +338,12 @@ TEST_DAYTONA = _broker(
 )  # fmt: skip
 
 VERBS = (*VERBS, TEST_DAYTONA)
+
+# -- sandbox broker: archive (the holding replica) ---------------------------------------------
+
+ARCHIVE_SANDBOX = _sandbox(
+    "archive", sb.ArchiveSandbox, sb.SandboxInfo,
+    "archive it with its provider (files kept, nothing running); refused where it cannot",
+)  # fmt: skip
+
+VERBS = (*VERBS, ARCHIVE_SANDBOX)

@@ -145,6 +145,25 @@ class CreateRefused(Event, frozen=True, kw_only=True, tag="sandbox.create_refuse
     labels: dict[str, str] = {}
 
 
+class SandboxArchived(Event, frozen=True, kw_only=True, tag="sandbox.archived"):
+    """The provider archived the sandbox (its files kept in the provider's cold storage, nothing
+    running); no broker serves it from here on. Only a provider whose capabilities say
+    `archive` does this (Daytona)."""
+
+    sandbox: str
+    provider: str
+    reason: str = ""
+
+
+class ArchiveRefused(Event, frozen=True, kw_only=True, tag="sandbox.archive_refused"):
+    """A well-formed archive the broker declined (the sandbox's provider cannot archive, or it
+    has running children); the sandbox runs on untouched."""
+
+    sandbox: str
+    provider: str
+    reason: str
+
+
 EVENTS: tuple[type[Event], ...] = (
     SandboxCreated,
     SandboxForked,
@@ -155,6 +174,8 @@ EVENTS: tuple[type[Event], ...] = (
     ChildIsolationDecided,
     SandboxReplaced,
     CreateRefused,
+    SandboxArchived,
+    ArchiveRefused,
 )
 
 # -- requests and replies -----------------------------------------------------------------
@@ -196,6 +217,13 @@ class GetSandbox(SandboxRef, frozen=True, kw_only=True):
 
 
 class DeleteSandbox(SandboxRef, frozen=True, kw_only=True):
+    reason: str = "requested"
+
+
+class ArchiveSandbox(SandboxRef, frozen=True, kw_only=True):
+    """Archive the sandbox with its provider (files kept, nothing running); refused, as an
+    `ArchiveRefused` and a `conflict` error, where the provider cannot."""
+
     reason: str = "requested"
 
 

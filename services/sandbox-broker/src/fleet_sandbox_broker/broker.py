@@ -345,6 +345,14 @@ class Broker:
         await self.counted(parent.tenant, await self.append(parent.tenant, child_id, event, labels))
         return held
 
+    async def release(self, held: Held) -> None:
+        """Stop serving a sandbox whose provider keeps it (archived), without touching it."""
+        if self.on_release is not None:
+            await self.on_release(held)
+        self.held.pop(held.box.id, None)
+        if held.parent in self.held:
+            self.held[held.parent].children.discard(held.box.id)
+
     async def remove(self, held: Held, reason: str) -> None:
         """Stop a held sandbox (its children first), remove its files, record it deleted."""
         box = held.box

@@ -131,6 +131,9 @@ class SandboxView:
     spec: Spec = field(default_factory=Spec)
     limits: ev.Limits = field(default_factory=ev.Limits)
     seq: int = 0  # stream sequence of its first event: the order (and cursor) of `list`
+    archived: bool = False
+    """Archived with its provider: stopped, its files in the provider's keeping; no replica
+    takes it over at start (a later `resume` revives it like any sandbox no broker holds)."""
 
 
 def evolve(
@@ -170,7 +173,13 @@ def evolve(
             view = views[event.sandbox]
             views[event.sandbox] = replace(
                 view, status="running", stopped_reason=None, contexts=(),
-                replica=event.replica or view.replica,
+                replica=event.replica or view.replica, archived=False,
+            )  # fmt: skip
+        case ev.SandboxArchived() if event.sandbox in views:
+            reason = f"archived: {event.reason}" if event.reason else "archived"
+            views[event.sandbox] = replace(
+                views[event.sandbox], status="stopped", stopped_reason=reason, contexts=(),
+                archived=True,
             )  # fmt: skip
         case ev.SandboxDeleted() if event.sandbox in views:
             views[event.sandbox] = replace(views[event.sandbox], status="deleted")
@@ -191,7 +200,9 @@ def orphaned(view: SandboxView, me: str, mine: Callable[[str], bool]) -> bool:
     """A sandbox this replica should take over at start: not deleted, held by another replica
     name, its workspace on this replica's disk (`mine`). Whether its holder is gone is asked
     on the bus (no responders on the sandbox's own subject) before acting."""
-    return view.status != "deleted" and view.replica != me and mine(view.workspace)
+    if view.status == "deleted" or view.archived:
+        return False
+    return view.replica != me and mine(view.workspace)
 
 
 # -- what a request may ask for --------------------------------------------------------------

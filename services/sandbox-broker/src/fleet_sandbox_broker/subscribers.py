@@ -26,6 +26,7 @@ from fleet_events.codec import sha256_hex
 from fleet_events.ids import InvalidId, check_id
 from fleet_mesh import rpc
 from fleet_mesh.service import ServiceContext
+from fleet_sandbox_broker.archive import Archives
 from fleet_sandbox_broker.broker import Broker, Held
 from fleet_sandbox_broker.errors import Conflict, SandboxError, TooLarge
 from fleet_sandbox_broker.files import Files
@@ -57,6 +58,7 @@ class Routes:
         self.sandboxes = Sandboxes(broker)
         self.repl = Repl(broker, self.max_reply)
         self.files = Files(broker, self.max_reply)
+        self.archives = Archives(broker)
         self._answers = rpc.ReplyCache(max_bytes=cache_bytes, max_entry_bytes=self.max_reply)
         self._running: dict[str, tuple[str, asyncio.Future[bytes]]] = {}
         broker.on_adopt = self.serve_sandbox
@@ -89,6 +91,7 @@ class Routes:
             (bus.GET_FILE, f.get_file),
             (bus.GET_SANDBOX, s.get),
             (bus.DELETE_SANDBOX, s.delete),
+            (bus.ARCHIVE_SANDBOX, self.archives.archive),
         ]
         for verb, handler in routes:
             held.served.append(await self._serve(verb, handler, target=held.box.id))

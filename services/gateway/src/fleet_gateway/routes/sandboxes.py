@@ -5,6 +5,9 @@
 - `GET /api/v1/sandboxes/{id}`: the replica holding that sandbox answers; no holder, or one that
   holds it for another tenant, is the same 404 (a 403 would confirm a foreign id exists).
 - `DELETE /api/v1/sandboxes/{id}`: the holder stops it and removes its files.
+- `POST /api/v1/sandboxes/{id}/archive`: the holder has its provider archive it (files kept,
+  nothing running) and stops serving it; a provider that cannot (local) is 409
+  `archive_refused`, recorded by the broker as `sandbox.archive_refused`.
 
 What a client sees leaves out the host's details the broker knows (the workspace's host path,
 the process id and uid): they say how the host is laid out and help no caller.
@@ -26,7 +29,7 @@ from fleet_mesh import rpc
 
 router = APIRouter(prefix="/api/v1/sandboxes", tags=["sandboxes"])
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 404, 422, 502, 503, 504)
+    code: {"model": ErrorBody} for code in (401, 404, 409, 422, 429, 502, 503, 504)
 }
 CALL_TIMEOUT_S = 10.0
 DELETE_TIMEOUT_S = 30.0
@@ -130,6 +133,10 @@ async def _ask(request: Request, verb: Any, req: Any, timeout: float, target: st
             ) from None
         if exc.code == "not_found" and target is not None:
             raise _sandbox_not_found(target) from None
+        if exc.code == "declined":  # well-formed, declined (and recorded) by the broker
+            raise ApiError(
+                409, "archive_refused", exc.message[:400], details={"sandbox": target}
+            ) from None
         raise ApiError(
             502, f"broker_{exc.code}", f"the sandbox broker refused: {exc.message[:300]}"
         ) from None
@@ -176,3 +183,18 @@ async def delete_sandbox(sandbox_id: str, principal: CurrentPrincipal, request: 
     )  # fmt: skip
     await _ask(request, bus.DELETE_SANDBOX, req, DELETE_TIMEOUT_S, sandbox)
     return Deleted(sandbox=sandbox)
+
+
+@router.post("/{sandbox_id}/archive", response_model=Sandbox, responses=ERRORS)
+async def archive_sandbox(
+    sandbox_id: str, principal: CurrentPrincipal, request: Request
+) -> Sandbox:
+    sandbox = _checked(sandbox_id)
+    req = sb.ArchiveSandbox(
+        request_id=new_id(), tenant=principal.tenant, sandbox=sandbox,
+        reason=f"archived through the API by {principal.user[:64]}",
+    )  # fmt: skip
+    info: sb.SandboxInfo = await _ask(request, bus.ARCHIVE_SANDBOX, req, DELETE_TIMEOUT_S, sandbox)
+    if info.tenant != principal.tenant:  # the holder checks it; this holds if it ever errs
+        raise _sandbox_not_found(sandbox)
+    return _shown(info)

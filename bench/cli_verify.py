@@ -6,14 +6,22 @@ command paid before the verify path imported only its own: `fleet --help` still 
 start-up of the verify command alone (`verify --help`); the two verifies; and from
 `-X importtime`, where the verify command's start-up goes.
 
-    .venv/bin/python bench/cli_verify.py [--events 10000] [--runs 3]
+    .venv/bin/python bench/cli_verify.py [--events 10000] [--runs 3] [--baseline REV]
+
+`--baseline REV` also runs the CLI as it was at git revision REV (its `libs/` and `services/`
+unpacked by `git archive` into a temporary directory, put first on `PYTHONPATH`), interleaved
+run by run with today's, and prints today's time over the baseline's: on a shared machine the
+absolute times move with the load, the ratio much less.
 """
 
 import argparse
 import asyncio
+import io
 import json
+import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -51,14 +59,32 @@ async def seed(url: str, events: int, out: Path, keyset: Path) -> None:
     await nc.close()
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    elapsed = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr
+    return elapsed
+
+
 def best_of(runs: int, argv: list[str]) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-        times.append(time.perf_counter() - start)
-        assert done.returncode == 0, done.stderr
-    return min(times)
+    return min(timed(argv) for _ in range(runs))
+
+
+def baseline_env(rev: str, into: Path) -> dict[str, str]:
+    """An environment whose `PYTHONPATH` puts revision `rev`'s packages before the editable
+    installs of today's."""
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", rev, "libs", "services"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    sources = sorted(str(p) for p in into.glob("*/*/src"))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sources)}
 
 
 def slowest_imports(argv: list[str], top: int = 6) -> list[tuple[int, str]]:
@@ -80,6 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--baseline", help="a git revision to run side by side (e.g. df79ce5)")
     args = parser.parse_args()
     python = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,6 +124,17 @@ def main() -> None:
         signed = best_of(args.runs, [python, *verify, "--keys", str(keyset)])
         imports = slowest_imports([*verify, "--keys", str(keyset)])
         size = export.stat().st_size / 1e6
+        side = ""
+        if args.baseline:
+            env = baseline_env(args.baseline, Path(tmp) / "baseline")
+            then, now = [], []
+            for _ in range(args.runs):  # interleaved: both see the same load
+                then.append(timed([python, *verify, "--keys", str(keyset)], env))
+                now.append(timed([python, *verify, "--keys", str(keyset)]))
+            side = (
+                f"\n   side by side, verify --keys, best of {args.runs}: at {args.baseline} "
+                f"{min(then):.2f} s, now {min(now):.2f} s   ratio {min(now) / min(then):.2f}x"
+            )
     print(
         f"== fleet audit verify of a signed {args.events:,}-event export ({size:.1f} MB), best "
         f"of {args.runs}\n"
@@ -107,6 +145,7 @@ def main() -> None:
         f"{helped / signed:.0%}   goal: <= 2 s\n"
         "   slowest imports of the verify command: "
         + ", ".join(f"{name} {us / 1e6:.2f} s" for us, name in imports)
+        + side
     )
 
 

@@ -316,60 +316,82 @@ async def run(bus: SandboxBus, samples: int) -> None:
     bus.delete_sandbox(lean.sandbox)
 
 
+async def interleaved(
+    calls: dict[str, Callable[[], Awaitable[object]]], *, samples: int, warmup: int, block: int
+) -> dict[str, bench.Stats]:
+    """Each call `samples` times, in blocks taking turns (as `bench.side_by_side`), so a load
+    that moves during the run moves every column alike."""
+    for _ in range(warmup):
+        for fn in calls.values():
+            await fn()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    done = 0
+    while done < samples:
+        step = min(block, samples - done)
+        for name, fn in calls.items():
+            for _ in range(step):
+                start = time.perf_counter()
+                await fn()
+                times[name].append(time.perf_counter() - start)
+        done += step
+    return {name: bench.stats(found) for name, found in times.items()}
+
+
 async def provider_column(local: SandboxBus, remote: SandboxBus, fake: DaytonaFake,
                           samples: int) -> None:  # fmt: skip
     """Warm exec and fork through the broker on each provider, and the fake's own latency for
-    the same calls (the SDK straight at the fake, from this process)."""
+    the same calls (the SDK straight at the fake, from this process), interleaved."""
     from daytona import AsyncDaytona, AsyncSandbox, CreateSandboxFromSnapshotParams, DaytonaConfig
 
     print("== provider column: the same broker, a tenant on each provider", flush=True)
     sdk = AsyncDaytona(DaytonaConfig(api_key="bench-key", api_url=fake.url, target="fake"))
     raw = await sdk.create(CreateSandboxFromSnapshotParams(snapshot="fleet-vm"), timeout=30)
     raw_ctx = await raw.code_interpreter.create_context()
-    rows: dict[str, dict[str, bench.Stats]] = {"warm exec 6*7": {}, "fork to a ready child": {}}
-    made: list[tuple[SandboxBus, str]] = []
-    for name, bus in (("local", local), ("daytona", remote)):
-        box = bus.create_sandbox(labels={"session": "bench"}, fork_ready=name == "local")
-        assert box.provider == name, box.provider
-        made.append((bus, box.sandbox))
-        repl = RemoteInterpreter(bus, box.sandbox)
+    boxes = {
+        name: bus.create_sandbox(labels={"session": "bench"}, fork_ready=name == "local")
+        for name, bus in (("local", local), ("daytona", remote))
+    }
+    buses = {"local": local, "daytona": remote}
+    repls = {name: RemoteInterpreter(buses[name], box.sandbox) for name, box in boxes.items()}
+    for name, repl in repls.items():
+        assert boxes[name].provider == name, boxes[name].provider
         repl.start()
-
-        async def execute(repl: RemoteInterpreter = repl) -> object:
-            return repl.execute("6*7")
-
-        rows["warm exec 6*7"][name] = await bench.measure(execute, samples=samples, warmup=20)
         repl.execute("state = list(range(1000))")
-        children: list[str] = []
+    children: list[tuple[SandboxBus, str]] = []
+    forks: list[AsyncSandbox] = []
 
-        async def fork(
-            bus: SandboxBus = bus, parent: str = box.sandbox, children: list[str] = children
-        ) -> object:
-            child = bus.fork_sandbox(parent)
-            children.append(child.sandbox)
+    def execute(name: str) -> Callable[[], Awaitable[object]]:
+        async def call() -> object:
+            return repls[name].execute("6*7")
+
+        return call
+
+    def fork(name: str) -> Callable[[], Awaitable[object]]:
+        async def call() -> object:
+            child = buses[name].fork_sandbox(boxes[name].sandbox)
+            children.append((buses[name], child.sandbox))
             return child
 
-        rows["fork to a ready child"][name] = await bench.measure(
-            fork, samples=max(10, samples // 10), warmup=2
-        )
-        for child in children:
-            bus.delete_sandbox(child)
-        repl.shutdown()
+        return call
 
     async def sdk_exec() -> object:
         return await raw.code_interpreter.run_code("6*7", context=raw_ctx)
-
-    forks: list[AsyncSandbox] = []
 
     async def sdk_fork() -> object:
         child = await raw.fork()
         forks.append(child)
         return child
 
-    rows["warm exec 6*7"]["fake"] = await bench.measure(sdk_exec, samples=samples, warmup=20)
-    rows["fork to a ready child"]["fake"] = await bench.measure(
-        sdk_fork, samples=max(10, samples // 10), warmup=2
-    )
+    rows = {
+        "warm exec 6*7": await interleaved(
+            {"local": execute("local"), "daytona": execute("daytona"), "fake": sdk_exec},
+            samples=samples, warmup=20, block=25,
+        ),
+        "fork to a ready child": await interleaved(
+            {"local": fork("local"), "daytona": fork("daytona"), "fake": sdk_fork},
+            samples=max(10, samples // 10), warmup=2, block=5,
+        ),
+    }  # fmt: skip
     print(f"   {'p50 ms':24} {'local':>9} {'daytona':>9} {'fake alone':>11} "
           f"{'daytona - fake':>15}   goal", flush=True)  # fmt: skip
     for title, row in rows.items():
@@ -380,13 +402,16 @@ async def provider_column(local: SandboxBus, remote: SandboxBus, fake: DaytonaFa
     print(f"   {'p95 ms':24} " + "  ".join(
         f"{t.split()[0]}: {r['local'].p95_ms:.3f} / {r['daytona'].p95_ms:.3f} / "
         f"{r['fake'].p95_ms:.3f}" for t, r in rows.items()), flush=True)  # fmt: skip
+    for bus, child in children:
+        bus.delete_sandbox(child)
     for forked in forks:
         await forked.delete()
     await raw.delete()
     close: Callable[[], Awaitable[None]] = sdk.close  # the SDK leaves it unannotated
     await close()
-    for bus, sandbox in made:
-        bus.delete_sandbox(sandbox)
+    for name, repl in repls.items():
+        repl.shutdown()
+        buses[name].delete_sandbox(boxes[name].sandbox)
 
 
 def set_provider(bus: SandboxBus, provider: str) -> None:

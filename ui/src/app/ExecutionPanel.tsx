@@ -42,7 +42,10 @@ export const SHOWN = 100;
 
 const CellItem = memo(function CellItem({ cell, depth }: { cell: Cell; depth: number }) {
   return (
-    <li className="rounded border border-slate-700 bg-slate-900" data-cell={cell.key}>
+    <li
+      className="rounded border border-slate-700 bg-slate-900 [contain-intrinsic-size:auto_10rem] [content-visibility:auto]"
+      data-cell={cell.key}
+    >
       <div className="border-b border-slate-700 px-2 py-1 text-xs text-slate-300">
         {depth ? `child run depth ${depth}` : "root run"}
         {cell.iteration != null ? ` · iteration ${cell.iteration}` : ""}

@@ -2,8 +2,8 @@
 // an @xyflow/react graph of the same visible rows. Collapsing a branch hides it from both.
 import { Background, type Edge, type Node, ReactFlow } from "@xyflow/react";
 import "@xyflow/react/dist/style.css";
-import { useMemo, useState } from "react";
-import { buildTree, treeKey, visibleRows } from "../model/tree";
+import { memo, useMemo, useState } from "react";
+import { buildTree, treeKey, type VisibleRow, visibleRows } from "../model/tree";
 import type { ViewModel } from "../model/view";
 import { Code } from "./Code";
 import { cost, ms } from "./format";
@@ -75,6 +75,52 @@ function NodeDetail({ view, id }: { view: ViewModel; id: string }) {
   return null;
 }
 
+/** Beyond this many open rows the graph is not drawn (xyflow lays out every node each frame; a
+ * 2,000-event turn opens ~2,000 rows): the ARIA tree above still shows them all. */
+export const GRAPH_MAX = 150;
+
+const TreeRow = memo(
+  function TreeRow({
+    row,
+    selected,
+    onPick,
+  }: {
+    row: VisibleRow;
+    selected: boolean;
+    onPick: (row: VisibleRow) => void;
+  }) {
+    return (
+      <div
+        id={`tree-${row.node.id}`}
+        role="treeitem"
+        tabIndex={-1}
+        aria-level={row.depth + 1}
+        aria-expanded={row.node.children.length ? row.expanded : undefined}
+        aria-selected={selected}
+        className={`flex cursor-pointer gap-2 px-2 py-0.5 ${selected ? "bg-slate-700" : ""}`}
+        style={{ paddingLeft: `${row.depth * 16 + 8}px` }}
+        onClick={() => onPick(row)}
+        onKeyDown={() => {}}
+      >
+        <span aria-hidden="true" className="w-3">
+          {row.node.children.length ? (row.expanded ? "▾" : "▸") : ""}
+        </span>
+        <span className="text-slate-300">{row.node.kind}</span>
+        <span>{row.node.label}</span>
+        <span style={{ color: TONE[row.node.status] }}>{row.node.status}</span>
+      </div>
+    );
+  },
+  // a row is redrawn only when what it shows changed (the tree is rebuilt on every fold)
+  (a, b) =>
+    a.selected === b.selected &&
+    a.row.depth === b.row.depth &&
+    a.row.expanded === b.row.expanded &&
+    a.row.node.label === b.row.node.label &&
+    a.row.node.status === b.row.node.status &&
+    a.row.node.children.length === b.row.node.children.length,
+);
+
 export function TraceTree({ view }: { view: ViewModel }) {
   const roots = useMemo(() => buildTree(view), [view]);
   const [collapsed, setCollapsed] = useState<Set<string>>(new Set());
@@ -88,6 +134,7 @@ export function TraceTree({ view }: { view: ViewModel }) {
       return next;
     });
   const { nodes, edges } = useMemo(() => {
+    if (rows.length > GRAPH_MAX) return { nodes: [], edges: [] };
     const nodes: Node[] = rows.map((row, i) => ({
       id: row.node.id,
       position: { x: row.depth * 60, y: i * 44 },
@@ -116,6 +163,10 @@ export function TraceTree({ view }: { view: ViewModel }) {
 
   if (rows.length === 0) return <p className="p-3 text-slate-300">No runs yet.</p>;
   const current = focused ?? rows[0]?.node.id ?? null;
+  const pick = (row: VisibleRow) => {
+    setFocused(row.node.id);
+    if (row.node.children.length) toggle(row.node.id);
+  };
   return (
     <div className="flex h-full flex-col gap-2 p-3">
       <div
@@ -133,37 +184,22 @@ export function TraceTree({ view }: { view: ViewModel }) {
         }}
       >
         {rows.map((row) => (
-          <div
-            key={row.node.id}
-            id={`tree-${row.node.id}`}
-            role="treeitem"
-            tabIndex={-1}
-            aria-level={row.depth + 1}
-            aria-expanded={row.node.children.length ? row.expanded : undefined}
-            aria-selected={row.node.id === current}
-            className={`flex cursor-pointer gap-2 px-2 py-0.5 ${row.node.id === current ? "bg-slate-700" : ""}`}
-            style={{ paddingLeft: `${row.depth * 16 + 8}px` }}
-            onClick={() => {
-              setFocused(row.node.id);
-              if (row.node.children.length) toggle(row.node.id);
-            }}
-            onKeyDown={() => {}}
-          >
-            <span aria-hidden="true" className="w-3">
-              {row.node.children.length ? (row.expanded ? "▾" : "▸") : ""}
-            </span>
-            <span className="text-slate-300">{row.node.kind}</span>
-            <span>{row.node.label}</span>
-            <span style={{ color: TONE[row.node.status] }}>{row.node.status}</span>
-          </div>
+          <TreeRow key={row.node.id} row={row} selected={row.node.id === current} onPick={pick} />
         ))}
       </div>
       {current ? <NodeDetail view={view} id={current} /> : null}
-      <div className="h-96 rounded border border-slate-700" aria-hidden="true">
-        <ReactFlow nodes={nodes} edges={edges} fitView nodesDraggable={false} colorMode="dark">
-          <Background />
-        </ReactFlow>
-      </div>
+      {rows.length <= GRAPH_MAX ? (
+        <div className="h-96 rounded border border-slate-700" aria-hidden="true">
+          <ReactFlow nodes={nodes} edges={edges} fitView nodesDraggable={false} colorMode="dark">
+            <Background />
+          </ReactFlow>
+        </div>
+      ) : (
+        <p className="text-sm text-slate-300">
+          The graph draws up to {GRAPH_MAX} rows and {rows.length} are open: collapse branches (← on
+          a row) to see it.
+        </p>
+      )}
     </div>
   );
 }

@@ -1,4 +1,5 @@
-import type { ViewModel } from "../model/view";
+import { memo } from "react";
+import type { Turn, ViewModel } from "../model/view";
 
 const STATUS: Record<string, string> = {
   requested: "queued",
@@ -10,34 +11,43 @@ const STATUS: Record<string, string> = {
   refused: "refused",
 };
 
+const TurnItem = memo(function TurnItem({ turn }: { turn: Turn }) {
+  return (
+    <li
+      className="flex flex-col gap-2 [contain-intrinsic-size:auto_6rem] [content-visibility:auto]"
+      data-turn={turn.id}
+    >
+      <div className="self-end max-w-[85%] rounded-lg bg-sky-900 px-3 py-2 whitespace-pre-wrap">
+        {turn.message}
+      </div>
+      <div className="max-w-[85%] rounded-lg bg-slate-800 px-3 py-2">
+        <div className="mb-1 text-xs text-slate-300">
+          {turn.mode} · <span data-testid="turn-status">{STATUS[turn.status]}</span>
+        </div>
+        {turn.answer || turn.streaming ? (
+          <p className="whitespace-pre-wrap" aria-live="polite">
+            {turn.answer || turn.streaming}
+          </p>
+        ) : turn.status === "running" || turn.status === "requested" ? (
+          <p className="text-slate-300">…</p>
+        ) : null}
+        {turn.error ? (
+          <p role="alert" className="mt-1 text-red-300">
+            {turn.error}
+          </p>
+        ) : null}
+      </div>
+    </li>
+  );
+});
+
 export function Transcript({ view }: { view: ViewModel }) {
   if (view.turns.length === 0)
     return <p className="p-4 text-slate-300">No messages yet. Ask something below.</p>;
   return (
     <ol className="flex flex-col gap-4 p-4" aria-label="Transcript">
       {view.turns.map((turn) => (
-        <li key={turn.id} className="flex flex-col gap-2" data-turn={turn.id}>
-          <div className="self-end max-w-[85%] rounded-lg bg-sky-900 px-3 py-2 whitespace-pre-wrap">
-            {turn.message}
-          </div>
-          <div className="max-w-[85%] rounded-lg bg-slate-800 px-3 py-2">
-            <div className="mb-1 text-xs text-slate-300">
-              {turn.mode} · <span data-testid="turn-status">{STATUS[turn.status]}</span>
-            </div>
-            {turn.answer || turn.streaming ? (
-              <p className="whitespace-pre-wrap" aria-live="polite">
-                {turn.answer || turn.streaming}
-              </p>
-            ) : turn.status === "running" || turn.status === "requested" ? (
-              <p className="text-slate-300">…</p>
-            ) : null}
-            {turn.error ? (
-              <p role="alert" className="mt-1 text-red-300">
-                {turn.error}
-              </p>
-            ) : null}
-          </div>
-        </li>
+        <TurnItem key={turn.id} turn={turn} />
       ))}
     </ol>
   );

@@ -3,7 +3,6 @@ import { Link, useNavigate } from "@tanstack/react-router";
 import { useMemo, useState } from "react";
 import type { Api } from "../api/http";
 import type { SocketState } from "../api/socket";
-import { viewAt } from "../model/fold";
 import { useAuth } from "./auth";
 import { Clarification } from "./Clarification";
 import { Composer } from "./Composer";
@@ -16,6 +15,7 @@ import { TraceTree } from "./TraceTree";
 import { Transcript } from "./Transcript";
 import { TurnPlot } from "./TurnPlot";
 import { useSession } from "./useSession";
+import { useTimeline } from "./useTimeline";
 
 function Sessions({ api, current }: { api: Api; current: string | null }) {
   const [search, setSearch] = useState("");
@@ -116,10 +116,8 @@ function SessionView({
   const feed = useSession(api, session);
   const [at, setAt] = useState<number | null>(initialAt);
   const [tab, setTab] = useState<(typeof TABS)[number][0]>("execution");
-  const view = useMemo(
-    () => (at == null ? feed.view : viewAt(feed.frames, at)),
-    [at, feed.view, feed.frames],
-  );
+  const timeline = useTimeline(feed.frames);
+  const view = useMemo(() => (at == null ? feed.view : timeline.at(at)), [at, feed.view, timeline]);
   const active = feed.view.turns.findLast(
     (t) => t.status === "running" || t.status === "requested" || t.status === "parked",
   );

@@ -14,6 +14,11 @@ const highlighter = createHighlighterCoreSync({
 const cache = new Map<string, string>();
 const MAX_CACHED = 5000;
 
+/** The HTML already made for `code`, if any (costs a map lookup). */
+export function peekPython(code: string): string | undefined {
+  return cache.get(code);
+}
+
 /** HTML for `code` (Shiki escapes the source; nothing of it is interpreted as markup). */
 export function highlightPython(code: string): string {
   const hit = cache.get(code);

@@ -10,6 +10,7 @@ import { frameBatcher } from "../app/feed";
 import { TimeTravel } from "../app/TimeTravel";
 import { TraceTree } from "../app/TraceTree";
 import { Transcript } from "../app/Transcript";
+import { useTimeline } from "../app/useTimeline";
 import { fold, viewAt } from "../model/fold";
 import type { EventFrame } from "../model/frames";
 import { emptyView, type ViewModel } from "../model/view";
@@ -57,7 +58,8 @@ export function BenchPage() {
   const [at, setAt] = useState<number | null>(null);
   const [tab, setTab] = useState<"execution" | "tree">("execution");
   const [mounted, setMounted] = useState(true);
-  const shown = useMemo(() => (at == null ? view : viewAt(frames, at)), [at, view, frames]);
+  const timeline = useTimeline(frames);
+  const shown = useMemo(() => (at == null ? view : timeline.at(at)), [at, view, timeline]);
 
   const api = useRef({
     /** A turn of `events` events streamed over `overMs` (0: a burst); `render` false is the
@@ -109,11 +111,13 @@ export function BenchPage() {
       });
       await nextPaint();
       const out: number[] = [];
+      const commits: number[] = [];
       for (const step of steps) {
         const seq = log[Math.min(log.length - 1, Math.max(0, step))]?.seq ?? 1;
         const t0 = performance.now();
         if (render) {
           flushSync(() => setAt(seq));
+          commits.push(performance.now() - t0);
           await nextPaint();
         } else viewAt(log, seq);
         out.push(performance.now() - t0);
@@ -122,7 +126,7 @@ export function BenchPage() {
           await nextPaint();
         }
       }
-      return { samples_ms: out, events: log.length };
+      return { samples_ms: out, commit_ms: commits, events: log.length };
     },
   });
   (window as unknown as { fleetBench: unknown }).fleetBench = api.current;

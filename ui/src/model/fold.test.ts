@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { Log, recursiveTurn } from "./fixtures";
 import { fold, foldDelta, viewAt } from "./fold";
+import { Timeline } from "./timeline";
 import { buildTree, treeKey, visibleRows } from "./tree";
 import { emptyView } from "./view";
 
@@ -110,6 +111,33 @@ describe("fold", () => {
     );
   });
 
+  it("streams assistant_token deltas; a stored call seals them; other kinds show nothing", () => {
+    const log = new Log();
+    log.add({ type: "session.created", title: "s" });
+    log.add({ type: "turn.requested", message: "hi" }, { turn: "t1" });
+    log.add({ type: "turn.started", replica: "a" }, { turn: "t1" });
+    log.add({ type: "run.started", kind: "chat", tree: "tr" }, { turn: "t1", run: "c1" });
+    let view = fold(emptyView(), log.frames);
+    const delta = (kind: string, text: string) =>
+      ({ type: "delta", kind, run: "c1", text }) as const;
+    view = foldDelta(view, delta("assistant_token", "Hel"));
+    view = foldDelta(view, delta("assistant_token", "lo"));
+    expect(view.turns[0]?.streaming).toBe("Hello");
+    expect(foldDelta(view, delta("reasoning_token", "hmm"))).toBe(view);
+    // the call that streamed it is stored; a later call's answer replaces the preview
+    log.add(
+      { type: "run.llm_called", role: "planner", model: "m", call_id: "k1", prompt_tokens: 1 },
+      { turn: "t1", run: "c1" },
+    );
+    view = fold(view, log.frames.slice(-1));
+    expect(view.turns[0]?.streaming).toBe("Hello");
+    view = foldDelta(view, delta("assistant_token", "Bye"));
+    expect(view.turns[0]?.streaming).toBe("Bye");
+    log.add({ type: "turn.completed", answer: "Bye" }, { turn: "t1" });
+    view = fold(view, log.frames.slice(-1));
+    expect([view.turns[0]?.answer, view.turns[0]?.streaming]).toEqual(["Bye", ""]);
+  });
+
   it("shows refusals, failures, cancels and the pending question", () => {
     const log = new Log();
     log.add({ type: "session.created" });
@@ -214,5 +242,32 @@ describe("trace tree", () => {
     const log = new Log();
     log.add({ type: "run.started", kind: "rlm", tree: "x" }, { run: "lost", parent_run: "gone" });
     expect(buildTree(fold(emptyView(), log.frames)).map((n) => n.id)).toEqual(["run:lost"]);
+  });
+});
+
+describe("timeline", () => {
+  it("equals viewAt at every sequence, whatever the checkpoint spacing", async () => {
+    const { bigSession } = await import("../../bench/shared");
+    const frames = bigSession(250).frames;
+    // out of order on purpose: a jump back after a jump forward uses the same checkpoints
+    const seqs = [0, ...frames.map((f) => f.seq).reverse()];
+    const expected = new Map(seqs.map((seq) => [seq, viewAt(frames, seq)]));
+    for (const every of [1, 7, 64, 1000]) {
+      const line = Timeline.of(frames, every);
+      for (const seq of seqs) expect(line.at(seq)).toEqual(expected.get(seq));
+    }
+  });
+
+  it("keeps its checkpoints over a longer feed and starts afresh over another one", () => {
+    const log = recursiveTurn();
+    const short = log.frames.slice(0, 10);
+    const line = Timeline.of(short, 3);
+    line.at(short.at(-1)?.seq ?? 0);
+    const longer = line.extend(log.frames);
+    expect(longer.at(log.frames.at(-1)?.seq ?? 0)).toEqual(viewAt(log.frames, 1e9));
+    expect(longer.at(5)).toEqual(viewAt(log.frames, 5));
+    const other = recursiveTurn().frames;
+    const fresh = line.extend(other.slice(2));
+    expect(fresh.at(1e9)).toEqual(viewAt(other.slice(2), 1e9));
   });
 });

@@ -78,6 +78,7 @@ function newTurn(id: string, seq: number, message = "", mode = ""): Turn {
     status: "requested",
     answer: "",
     streaming: "",
+    streamSealed: false,
     error: "",
     seq,
     rootRun: null,
@@ -298,6 +299,11 @@ function apply(d: Draft, frame: EventFrame): void {
         run.llmCalls = d.own(run.llmCalls);
         run.llmCalls.push(key);
       }
+      const streamed = run.turn ? v.turns.find((t) => t.id === run.turn) : undefined;
+      if (streamed?.streaming && !streamed.streamSealed) {
+        const mine = d.turn(streamed.id);
+        if (mine) mine.streamSealed = true;
+      }
       const budget = d.budget(run.tree);
       if (budget && !data.cached) {
         budget.callsUsed += 1;
@@ -390,6 +396,9 @@ export function fold(view: ViewModel, frames: readonly EventFrame[]): ViewModel 
 }
 
 /** A live delta: previewed on the run or turn it names until the stored event replaces it. */
+/** The answer's streamed tokens (`fleet_agent.lm.ANSWER_DELTA`; `token` as older agents sent). */
+export const ANSWER_DELTAS = new Set(["assistant_token", "token"]);
+
 export function foldDelta(view: ViewModel, delta: DeltaFrame): ViewModel {
   const d = new Draft({ ...view });
   const run = delta.run ? d.run(delta.run) : undefined;
@@ -398,10 +407,12 @@ export function foldDelta(view: ViewModel, delta: DeltaFrame): ViewModel {
     run.liveStdout += delta.text;
     return d.v;
   }
+  if (!ANSWER_DELTAS.has(delta.kind)) return view; // a kind this screen does not show
   const turnId = run?.turn ?? view.turns.findLast((t) => t.status === "running")?.id;
   const turn = d.turn(turnId);
   if (!turn) return view;
-  turn.streaming += delta.text;
+  turn.streaming = turn.streamSealed ? delta.text : turn.streaming + delta.text;
+  turn.streamSealed = false;
   return d.v;
 }
 

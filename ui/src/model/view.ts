@@ -18,6 +18,9 @@ export interface Turn {
   answer: string;
   /** Streamed answer text not yet superseded by `turn.completed` (never part of time travel). */
   streaming: string;
+  /** The call that streamed `streaming` was stored: the next answer delta starts afresh (a
+   * turn whose first module's answer is superseded by a later call's shows only the latest). */
+  streamSealed: boolean;
   error: string;
   seq: number;
   rootRun: string | null;

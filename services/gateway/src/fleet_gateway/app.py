@@ -40,6 +40,7 @@ from fleet_gateway.routes import sandboxes as sandbox_routes
 from fleet_gateway.routes import sessions as session_routes
 from fleet_gateway.routes import transfer as transfer_routes
 from fleet_gateway.routes import ws as ws_routes
+from fleet_gateway.sessionlog import SessionLog
 from fleet_gateway.tickets import Tickets
 from fleet_mesh import service
 from fleet_mesh.settings import BadSetting, load_settings, read_settings
@@ -64,6 +65,7 @@ class GatewayState:
     store: EventStore | None = None
     projections: ProjectionStore | None = None
     projector: Projector | None = None
+    log: SessionLog | None = None
     api_tokens: ApiTokens | None = None
     uploads: UploadQuota | None = None
     body_limits: dict[str, int] = field(default_factory=dict)

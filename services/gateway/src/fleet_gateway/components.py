@@ -1,7 +1,8 @@
 """What the gateway opens once it is on the bus: the authenticator, the ticket bucket, the
-gateway's KV (API tokens, upload allowances), the event store and this replica's read models
-with their projector. `attach` runs in both compositions (the process's `setup` and
-`create_app`'s lifespan), and stops what it started.
+gateway's KV (API tokens, upload allowances), the event store and the one writer to session
+logs (`sessionlog.SessionLog`), this replica's read models and their projector. `attach` runs
+in both compositions (the process's `setup` and `create_app`'s lifespan), and stops what it
+started.
 """
 
 import asyncio
@@ -20,6 +21,7 @@ from fleet_gateway.errors import ApiError
 from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_gateway.quotas import UploadQuota
 from fleet_gateway.routes.common import version
+from fleet_gateway.sessionlog import open_log
 from fleet_gateway.tickets import Tickets
 from fleet_gateway.traces import export as otel_export
 from fleet_mesh import service
@@ -52,8 +54,10 @@ async def _open(state: "GatewayState", ctx: service.ServiceContext) -> None:
         shared, settings.tenant_upload_bytes, settings.tenant_upload_window_s
     )
     store = await open_store(ctx.js, streams.SESSIONS)
-    codec = Codec(await JetStreamBlobs.open(ctx.js))
+    blobs = await JetStreamBlobs.open(ctx.js)
+    codec = Codec(blobs)
     projections = ProjectionStore(projection_path(settings.data_dir, state.replica))
+    state.log = open_log(ctx.nc, store, blobs, codec, state.replica)
     state.tickets, state.store, state.projections = tickets, store, projections
     state.projector = Projector(ctx.nc, store, codec, projections)
     # OTEL_EXPORTER_OTLP_ENDPOINT set: each ended turn's trace is exported (docs/traces.md)

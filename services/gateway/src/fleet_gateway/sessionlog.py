@@ -1,9 +1,22 @@
-"""The gateway's handles on the session log: the store, the blobs and the codec, opened once per
-bus connection, and the one append every client write goes through.
+"""The gateway's one writer to session logs, and the handles it writes with: the store, the
+blobs and the codec, opened once per bus connection (`components`).
 
-A client write is a fact on the session's `.log` with the caller's tenant (from its token or
-ticket, never from its input). The first write to a session that has none yet opens it with
-`SessionCreated` in the same atomic batch, so a log never starts with anything else.
+Every client write (HTTP routes, WebSocket frames, uploads, imports) is a fact on the
+session's `.log` with the caller's tenant (from its token or ticket, never from its input),
+this replica as the actor, and answers the stream sequence it was stored at, which a later
+read on any replica passes as `min_seq`. `append_event` (`SessionLog.append`) is the only
+append:
+
+- `new_session=True`: the log must not exist yet (create; a race is 409 `session_exists`);
+- `create=True`: a session with no log yet is opened with `SessionCreated` in the same atomic
+  batch (a WebSocket `message` to a new session id), so a log never starts with anything else;
+- otherwise the log must exist: no head in the caller's tenant is 404, the same 404 as
+  another tenant's session. The log, not a projection, decides, so a session created on
+  another replica a moment ago exists here.
+
+A race with another writer (the head moved) is retried: the event's place after the other
+one changes nothing it means. The envelope (and its id) is made once, so a retry after a lost
+acknowledgement is deduplicated by the store, never stored twice.
 """
 
 from dataclasses import dataclass
@@ -12,14 +25,14 @@ from typing import Any
 from nats.aio.client import Client
 from starlette.requests import HTTPConnection
 
-from fleet_events import Actor, Envelope, Event, new_id, streams, utc_now
+from fleet_events import Actor, Envelope, Event, new_id, utc_now
 from fleet_events.codec import Codec
 from fleet_events.ids import InvalidId, check_id
 from fleet_events.session import SessionCreated, log_subject
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.live import Hub
 from fleet_mesh.blobs import JetStreamBlobs
-from fleet_mesh.store import EMPTY, AppendConflict, EventStore, open_store
+from fleet_mesh.store import EMPTY, AppendConflict, EventStore, Head
 
 APPEND_TRIES = 20
 
@@ -32,6 +45,70 @@ def checked_session(value: str) -> str:
         raise ApiError(
             422, "invalid_session_id", f"{exc}; use letters, digits, '_' or '-'"
         ) from exc
+
+
+async def log_head(store: EventStore, tenant: str, session: str) -> Head:
+    """The session log's head, or 404 when the tenant has no such session."""
+    head = await store.head(log_subject(tenant, session))
+    if head == EMPTY or head.seq == 0:
+        raise not_found("session", session)
+    return head
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    first_seq: int
+    """The sequence of the first event written: `SessionCreated` when this write opened the
+    session, else the event's own."""
+    seq: int
+    envelope: Envelope[Any]
+
+
+async def append_event(
+    store: EventStore, actor: Actor, tenant: str, session: str, data: Event, *,
+    turn: str | None = None, event_id: str | None = None, create: bool = False,
+    new_session: bool = False, **fields: Any,
+) -> Appended:  # fmt: skip
+    """The one append of a client's write to a session's `.log` (the module's rules);
+    `fields` are further envelope fields (`run`, ...)."""
+    subject = log_subject(tenant, session)
+
+    def envelope(body: Event) -> Envelope[Any]:
+        return Envelope(
+            id=new_id(), tenant=tenant, session=session, actor=actor, ts=utc_now(), data=body
+        )
+
+    event: Envelope[Any] = Envelope(
+        id=event_id or new_id(), tenant=tenant, session=session, turn=turn, actor=actor,
+        ts=utc_now(), data=data, **fields,
+    )  # fmt: skip
+    for _ in range(APPEND_TRIES):
+        head = EMPTY if new_session else await store.head(subject)
+        try:
+            if head == EMPTY and new_session:
+                seq = (await store.append(subject, event, expect=EMPTY)).seq
+                return Appended(seq, seq, event)
+            if head == EMPTY and not create:
+                raise not_found("session", session)
+            if head == EMPTY:
+                opened = envelope(SessionCreated())
+                done = await store.append_batch(subject, [opened, event], expect=EMPTY)
+                return Appended(done[0].seq, done[-1].seq, event)
+            seq = (await store.append(subject, event, expect=head)).seq
+            return Appended(seq, seq, event)
+        except AppendConflict:
+            if new_session:
+                raise ApiError(
+                    409, "session_exists",
+                    f"session {session!r} exists already: pick another id, or write to it",
+                    details={"session": session},
+                ) from None  # fmt: skip
+            continue
+    raise ApiError(
+        503, "log_busy",
+        f"session {session!r} kept changing under this write ({APPEND_TRIES} tries); retry",
+        headers={"Retry-After": "1"},
+    )  # fmt: skip
 
 
 @dataclass
@@ -52,47 +129,50 @@ class SessionLog:
             actor=Actor(service="gateway", replica=self.replica), ts=utc_now(), data=data,
         )  # fmt: skip
 
+    async def append(
+        self, tenant: str, session: str, data: Event, *, turn: str | None = None,
+        event_id: str | None = None, create: bool = False, new_session: bool = False,
+    ) -> Appended:  # fmt: skip
+        """Append `data` to the session's `.log` (see the module's rules for `create` and
+        `new_session`). A retry with the same `event_id` answers the original sequence."""
+        return await append_event(
+            self.store, Actor(service="gateway", replica=self.replica), tenant, session, data,
+            turn=turn, event_id=event_id, create=create, new_session=new_session,
+        )  # fmt: skip
+
     async def write(
         self, tenant: str, session: str, data: Event, *, turn: str | None = None,
         event_id: str | None = None, create: bool = True,
     ) -> tuple[int, int]:  # fmt: skip
-        """Append `data` to the session's log: (the sequence of the first event written, the
-        one `data` got); they differ when this write opened the session. A retry with the
-        same `event_id` answers the original sequence."""
-        subject = log_subject(tenant, session)
-        event = self.envelope(tenant, session, data, turn=turn, event_id=event_id)
-        for _ in range(APPEND_TRIES):
-            head = await self.store.head(subject)
-            try:
-                if head == EMPTY and not create:
-                    raise not_found("session", session)
-                if head == EMPTY:
-                    opened = self.envelope(tenant, session, SessionCreated())
-                    done = await self.store.append_batch(subject, [opened, event], expect=EMPTY)
-                    return done[0].seq, done[-1].seq
-                seq = (await self.store.append(subject, event, expect=head)).seq
-                return seq, seq
-            except AppendConflict:
-                continue
-        raise ApiError(
-            503, "log_busy", f"session {session!r} kept moving under {APPEND_TRIES} tries; retry"
-        )
+        """`append`, answering (the sequence of the first event written, the one `data`
+        got); `create` defaults to opening a session that has no log yet."""
+        done = await self.append(tenant, session, data, turn=turn, event_id=event_id, create=create)
+        return done.first_seq, done.seq
+
+
+def open_log(
+    nc: Client, store: EventStore, blobs: JetStreamBlobs, codec: Codec, replica: str
+) -> SessionLog:
+    return SessionLog(
+        nc=nc, store=store, blobs=blobs, codec=codec, replica=replica,
+        hub=Hub(nc, blobs, codec, store),
+    )  # fmt: skip
 
 
 async def session_log(connection: HTTPConnection) -> SessionLog:
-    """The handles of this app's current bus connection (opened on first use)."""
+    """This replica's writer and handles, opened with the rest once the mesh is there."""
     state = connection.app.state.gateway
     nc: Client | None = state.nc
     if nc is None or not nc.is_connected:
-        raise ApiError(503, "nats_unavailable", "the gateway has no bus connection; retry shortly")
-    cached: SessionLog | None = getattr(connection.app.state, "session_log", None)
-    if cached is None or cached.nc is not nc:
-        js = nc.jetstream()
-        blobs = await JetStreamBlobs.open(js)
-        store, codec = await open_store(js, streams.SESSIONS), Codec(blobs)
-        cached = SessionLog(
-            nc=nc, store=store, blobs=blobs, codec=codec, replica=state.replica,
-            hub=Hub(nc, blobs, codec, store),
+        raise ApiError(
+            503, "nats_unavailable", "the gateway has no bus connection; retry shortly",
+            headers={"Retry-After": "1"},
         )  # fmt: skip
-        connection.app.state.session_log = cached
-    return cached
+    log: SessionLog | None = state.log
+    if log is None:
+        raise ApiError(
+            503, "not_ready",
+            "the gateway is waiting for the mesh's streams and buckets; see GET /ready",
+            headers={"Retry-After": "1"},
+        )  # fmt: skip
+    return log

@@ -1,6 +1,7 @@
 """`/api/v1/sessions*`: sessions, their turns, state and stats, as projections of the log.
 
-Writes append one event to the session's `.log` and answer with its stream sequence; reads
+Writes append one event to the session's `.log` through the gateway's one writer
+(`sessionlog.SessionLog.append`) and answer with its stream sequence; reads
 answer from this replica's read models and accept `min_seq` (wait, bounded, until the replica
 has folded that far), so a client reads its own writes on any replica. Every route is scoped
 to the caller's tenant: another tenant's session answers exactly like an unknown one (404).
@@ -13,7 +14,7 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet_events import Actor, streams
+from fleet_events import streams
 from fleet_events.envelope import new_id
 from fleet_events.session import (
     EXECUTION_MODES,
@@ -31,7 +32,7 @@ from fleet_gateway.projections import ProjectionStore
 from fleet_gateway.projections.fold import stamp
 from fleet_gateway.projections.store import decode_cursor, encode_cursor
 from fleet_gateway.quotas import turns_over_quota
-from fleet_gateway.writes import append_to_log, log_head
+from fleet_gateway.sessionlog import log_head, session_log
 from fleet_mesh.store import EventStore
 
 ID = r"^[A-Za-z0-9_-]{1,64}$"
@@ -188,17 +189,16 @@ class SessionStateOut(BaseModel):
     seq: int
 
 
-def _parts(request: Request) -> tuple[EventStore, ProjectionStore, Actor, float]:
+def _parts(request: Request) -> tuple[EventStore, ProjectionStore, float]:
     state = request.app.state.gateway
     _, store, projections = ready(state)
-    actor = Actor(service="gateway", replica=state.replica)
-    return store, projections, actor, state.settings.read_wait_max_s
+    return store, projections, state.settings.read_wait_max_s
 
 
 async def _caught_up(request: Request, seq: int) -> None:
     """Wait (bounded) until this replica has folded the log up to `seq`. A `seq` past the
     log's end was never returned by a write: that is the client's error (422), not a wait."""
-    _, projections, _, wait_s = _parts(request)
+    _, projections, wait_s = _parts(request)
     if projections.checkpoint >= seq:
         return
     nc = request.app.state.gateway.nc
@@ -225,7 +225,7 @@ async def _caught_up(request: Request, seq: int) -> None:
 async def _session(request: Request, tenant: str, session: str, min_seq: int) -> dict[str, Any]:
     """The session's row once folded to `min_seq`; a row not there yet while the log has the
     session (created on another replica a moment ago) is waited for up to the log's head."""
-    store, projections, _, _ = _parts(request)
+    store, projections, _ = _parts(request)
     await _caught_up(request, min_seq)
     row = projections.session(tenant, session)
     if row is None:
@@ -302,17 +302,14 @@ async def create_session(
     request: Request, principal: CurrentPrincipal, body: CreateSession | None = None
 ) -> Created:
     body = body or CreateSession()
-    store, _, actor, _ = _parts(request)
     session = new_id()
-    seq, env = await append_to_log(
-        store,
-        actor,
+    done = await (await session_log(request)).append(
         principal.tenant,
         session,
         SessionCreated(title=body.title, owner=principal.user),
         new_session=True,
     )
-    at = stamp(env.ts)
+    seq, at = done.seq, stamp(done.envelope.ts)
     out = SessionOut(
         id=session,
         title=body.title,
@@ -340,7 +337,7 @@ async def list_sessions(
     cursor: Annotated[str | None, Query(max_length=40)] = None,
     min_seq: MinSeq = 0,
 ) -> SessionPage:
-    _, projections, _, _ = _parts(request)
+    _, projections, _ = _parts(request)
     before = _cursor(cursor)
     await _caught_up(request, min_seq)
     rows = projections.sessions(
@@ -390,12 +387,11 @@ async def get_session(
 async def rename_session(
     request: Request, principal: CurrentPrincipal, session_id: SessionId, body: PatchSession
 ) -> Written:
-    store, _, actor, _ = _parts(request)
     _refuse_deleted(await _session(request, principal.tenant, session_id, 0))
-    seq, _ = await append_to_log(
-        store, actor, principal.tenant, session_id, SessionRenamed(title=body.title)
+    done = await (await session_log(request)).append(
+        principal.tenant, session_id, SessionRenamed(title=body.title)
     )
-    return Written(seq=seq)
+    return Written(seq=done.seq)
 
 
 @router.delete("/{session_id}", response_model=Written)
@@ -406,12 +402,11 @@ async def delete_session(
     reason: Annotated[str, Query(max_length=500)] = "",
 ) -> Written:
     """A tombstone (`session.deleted`): the log stays; purging is a separate admin operation."""
-    store, _, actor, _ = _parts(request)
     _refuse_deleted(await _session(request, principal.tenant, session_id, 0))
-    seq, _ = await append_to_log(
-        store, actor, principal.tenant, session_id, SessionDeleted(reason=reason)
+    done = await (await session_log(request)).append(
+        principal.tenant, session_id, SessionDeleted(reason=reason)
     )
-    return Written(seq=seq)
+    return Written(seq=done.seq)
 
 
 @router.get("/{session_id}/turns", response_model=TurnPage)
@@ -445,21 +440,19 @@ async def request_turn(
     """Append `turn.requested`; the agent's dispatcher admits or refuses it (`turn.refused`
     when another turn runs or the session is deleted), so watch `/turns` for its status."""
     assert body.mode in EXECUTION_MODES
-    store, projections, actor, _ = _parts(request)
+    _, projections, _ = _parts(request)
     limit = request.app.state.gateway.settings.tenant_concurrent_turns
     active = projections.active_turns(principal.tenant)
     if active >= limit:
         raise turns_over_quota(principal.tenant, active, limit)
     turn = new_id()
-    seq, _ = await append_to_log(
-        store,
-        actor,
+    done = await (await session_log(request)).append(
         principal.tenant,
         session_id,
         TurnRequested(message=body.message, mode=body.mode),
         turn=turn,
     )
-    return TurnAccepted(seq=seq, session=session_id, turn=turn)
+    return TurnAccepted(seq=done.seq, session=session_id, turn=turn)
 
 
 @router.post("/{session_id}/cancel", status_code=202, response_model=TurnAccepted)
@@ -471,7 +464,7 @@ async def cancel_turn(
     min_seq: MinSeq = 0,
 ) -> TurnAccepted:
     body = body or RequestCancel()
-    store, projections, actor, _ = _parts(request)
+    _, projections, _ = _parts(request)
     await _session(request, principal.tenant, session_id, min_seq)
     turn = body.turn or projections.active_turn(principal.tenant, session_id)
     if turn is None:
@@ -484,10 +477,10 @@ async def cancel_turn(
         )
     if projections.turn(principal.tenant, session_id, turn) is None:
         raise not_found("turn", turn)
-    seq, _ = await append_to_log(
-        store, actor, principal.tenant, session_id, CancelRequested(reason=body.reason), turn=turn
+    done = await (await session_log(request)).append(
+        principal.tenant, session_id, CancelRequested(reason=body.reason), turn=turn
     )
-    return TurnAccepted(seq=seq, session=session_id, turn=turn)
+    return TurnAccepted(seq=done.seq, session=session_id, turn=turn)
 
 
 @router.get("/{session_id}/state", response_model=SessionStateOut)

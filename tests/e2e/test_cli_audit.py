@@ -209,3 +209,60 @@ def _ready(mesh: Mesh) -> bool:
         return mesh.ready().status_code == 200
     except OSError:
         return False
+
+
+async def test_a_rewrite_re_signed_with_a_stolen_service_key_is_named_by_the_checkpoints(
+    start_mesh: StartMesh, tmp_path: Path
+) -> None:
+    mesh = start_mesh(env={"FLEET_CHECKPOINT_INTERVAL_S": "0.5"})
+    await eventually(lambda: _ready(mesh), timeout=120, interval=0.25, what="/ready")
+    keyset = mesh.data_dir / "keys" / "keyset.json"
+    pinned_file = mesh.data_dir / "checkpoints" / "SESSIONS.checkpoints.jsonl"
+    session = json.loads(fleet(mesh, "run", "pay alice 10", "--json").stdout)["session"]
+    log = log_subject("dev", session)
+    nc = await connect(str(mesh.state()["nats"]), name="thief")
+    try:
+        js = nc.jetstream()
+        plain = await open_store(js, streams.SESSIONS)
+        head = await plain.head(log)
+
+        def pinned_head() -> bool:  # the checkpointer has vouched for the whole .log
+            for line in pinned_file.read_bytes().splitlines() if pinned_file.exists() else []:
+                heads = json.loads(line).get("heads", {})
+                if log in heads and heads[log][0] >= head.seq:
+                    return True
+            return False
+
+        await eventually(pinned_head, timeout=60, interval=0.2, what="a checkpoint of the log")
+        # The thief holds the gateway's key: purge the log, write a new history, sign it all.
+        stolen = Signer.read(mesh.data_dir / "keys" / "gateway.key")
+        thief = await open_store(js, streams.SESSIONS, signer=stolen)
+        await js.purge_stream(streams.SESSIONS.name, subject=log)
+        rewritten = Head(0, GENESIS)
+        history: list[tuple[str, Event]] = [
+            ("stolenCreate01", SessionCreated(title="rewritten")),
+            ("stolenRename01", SessionRenamed(title="pay mallory 10")),
+        ]
+        for event_id, data in history:
+            rewritten = (
+                await thief.append(log, forged(session, data, event_id), expect=rewritten)
+            ).head
+    finally:
+        await nc.close()
+    exported = fleet(mesh, "sessions", "export", session)
+    assert exported.returncode == 0, exported.stderr
+    mesh.process.terminate()
+    assert mesh.process.wait(60) == 0
+
+    export = tmp_path / "stolen.ndjson"
+    export.write_bytes(exported.stdout.encode())
+    fooled = fleet(mesh, "audit", "verify", str(export), "--keys", str(keyset))
+    assert fooled.returncode == 0, fooled.stderr  # every signature is a pinned key's
+    caught = fleet(mesh, "audit", "verify", str(export), "--keys", str(keyset),
+                   "--checkpoints", str(pinned_file))  # fmt: skip
+    assert caught.returncode == 1, caught.stderr
+    assert f"on {log})" in said(caught)
+    assert "no longer holds and no purge receipt covers" in said(caught)
+    no_keys = fleet(mesh, "audit", "verify", str(export), "--checkpoints", str(pinned_file))
+    assert no_keys.returncode == 2
+    assert "--checkpoints needs --keys" in said(no_keys)

@@ -123,3 +123,18 @@ def test_up_s_default_llm_mode_is_the_local_model_modules_auto() -> None:
     default = up_command.__defaults__
     assert default is not None
     assert AUTO in default
+
+
+def test_a_checkpoint_file_that_is_not_one_is_refused_naming_the_line(tmp_path: Path) -> None:
+    agent = Signer.generate("agent")
+    keyset = tmp_path / "keyset.json"
+    keyset.write_text(json.dumps(KeySet.of([agent]).to_json()))
+    export = write(tmp_path / "ok.ndjson", signed_export(agent))
+    bad = tmp_path / "cp.jsonl"
+    bad.write_text('\n{"kind": "fleet-keyset"}\n')
+    argv = ["audit", "verify", str(export), "--keys", str(keyset), "--checkpoints", str(bad)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    assert f"--checkpoints {bad}: line 2 is not a checkpoint" in said(result)
+    bad.write_text("\n")
+    assert "holds no checkpoint" in said(CliRunner().invoke(app, argv))

@@ -26,7 +26,7 @@ from fleet_cli.commands.common import (
     gateway,
 )
 from fleet_events.ids import InvalidId, check_id
-from fleet_events.signing import KEYSET_KIND, KeySet
+from fleet_events.signing import KEYSET_KIND, Checkpoint, KeySet, SigningError
 from fleet_mesh.offline import check_lines
 
 app = typer.Typer(no_args_is_help=True, help="verify exports offline")
@@ -89,6 +89,45 @@ def _keys(path: Path | None) -> KeySet | None:
         raise fail(f"--keys {path}: not a key set ({exc})") from None
 
 
+def _checkpoints(path: Path | None, keys: KeySet | None) -> list[Checkpoint]:
+    if path is None:
+        return []
+    if keys is None:
+        raise fail(
+            "--checkpoints needs --keys: a checkpoint counts only when signed by the pinned "
+            "checkpoint key"
+        )
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as exc:
+        raise fail(f"--checkpoints {path}: cannot read it ({exc.strerror})") from None
+    found = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            found.append(Checkpoint.parse(line))
+        except SigningError as exc:
+            raise fail(f"--checkpoints {path}: line {number} is not a checkpoint ({exc})") from None
+    if not found:
+        raise fail(f"--checkpoints {path}: the file holds no checkpoint")
+    return found
+
+
+def _session_filter(events: list[bytes]) -> str | None:
+    """The filter the export was cut with (its first event's session), for the checkpoints:
+    a pinned subject of that session missing from the export is then a fault too."""
+    for line in events[:2]:
+        try:
+            subject = str(json.loads(line)["subject"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        parts = subject.split(".")
+        if len(parts) >= 4 and parts[:2] == ["fleet", "session"]:
+            return ".".join(parts[:4]) + ".>"
+    return None
+
+
 def _claimed(lines: list[bytes]) -> str:
     """The owners of the keys the export says it was signed with, for the auditor to see."""
     for line in lines[:1]:
@@ -109,12 +148,20 @@ def verify_command(
         Path | None,
         typer.Option(help="pinned key set (JSON: <data-dir>/keys/keyset.json); checks signatures"),
     ] = None,
+    checkpoints: Annotated[
+        Path | None,
+        typer.Option(
+            help="signed checkpoints (<data-dir>/checkpoints/SESSIONS.checkpoints.jsonl): every "
+            "head they pin must still be there; needs --keys",
+        ),
+    ] = None,
     data_dir: DataDir = DEFAULT_DATA_DIR,
 ) -> None:
-    """Exit 0 when every chain (and with --keys every signature) holds; else name the first
-    bad event and exit 1. A session id is exported through the gateway first; the check
-    itself needs no server."""
+    """Exit 0 when every chain (and with --keys every signature, with --checkpoints every
+    pinned head) holds; else name the first bad event and exit 1. A session id is exported
+    through the gateway first; the check itself needs no server."""
     pinned = _keys(keys)
+    pinned_heads = _checkpoints(checkpoints, pinned)
     lines = [line for line in _lines(source, data_dir) if line.strip()]
     events = []
     for number, line in enumerate(lines, 1):
@@ -123,7 +170,8 @@ def verify_command(
         elif (problem := _blob_problem(number, line)) is not None:
             err.print(f"[red]export does not verify:[/] {problem}", soft_wrap=True)
             raise typer.Exit(EXIT_FAILED)
-    checked, fault = check_lines(events, keys=pinned)
+    within = _session_filter(events) if pinned_heads else None
+    checked, fault = check_lines(events, keys=pinned, checkpoints=pinned_heads, within=within)
     if fault is not None:
         err.print(f"[red]export does not verify:[/] {fault}", soft_wrap=True)
         raise typer.Exit(EXIT_FAILED)
@@ -134,4 +182,6 @@ def verify_command(
         if pinned is not None
         else "chains only (pass --keys to check signatures)"
     )
+    if pinned_heads:
+        signed += f", and the heads {len(pinned_heads)} checkpoints pinned"
     err.print(f"[green]verified[/]: {checked} events, {signed}{_claimed(lines)}", soft_wrap=True)

@@ -1,5 +1,6 @@
 """The text a turn's named context adds after its message (pure)."""
 
+from fleet_agent.chat.escalation import CONTEXT_THRESHOLD, opening
 from fleet_agent.chat.turn_context import MAX_LISTED_PATHS, block
 from fleet_events.envelope import BlobRef
 from fleet_events.session import DocumentRef
@@ -16,9 +17,9 @@ def test_nothing_named_adds_nothing() -> None:
 
 def test_documents_come_whole_under_headers_and_a_missing_one_is_said() -> None:
     text = block([(ref("notes"), "line one\nline two")], ["gone"], ())
-    assert text.startswith("\n\n[context document 'notes' (notes.txt, 17 characters)]\n")
-    assert "line one\nline two\n[end of document 'notes']" in text
-    assert "[context document 'gone' was named but is not loaded in this session]" in text
+    assert text.startswith("\n\n[attached 'notes' (notes.txt, 17 characters)]\n")
+    assert "line one\nline two\n[end of 'notes']" in text
+    assert "[attached 'gone' was named but is not loaded in this session]" in text
 
 
 def test_paths_are_listed_for_code_to_read_and_a_long_list_is_cut_with_a_count() -> None:
@@ -32,8 +33,17 @@ def test_paths_are_listed_for_code_to_read_and_a_long_list_is_cut_with_a_count()
 def test_with_a_limit_a_document_past_the_room_left_is_named_for_the_tools() -> None:
     short, long = (ref("a"), "x" * 10), (ref("b"), "y" * 50)
     text = block([short, long], [], (), max_chars=40)
-    assert "x" * 10 + "\n[end of document 'a']" in text
+    assert "x" * 10 + "\n[end of 'a']" in text
     assert "y" * 50 not in text
-    assert "[context document 'b' (b.txt, 50 characters): too long to include here" in text
+    assert "[attached 'b' (b.txt, 50 characters): too long to include here" in text
     assert "as 'b']" in text
     assert "y" * 50 in block([short, long], [], ())  # no limit: both whole
+
+
+def test_an_attached_text_alone_does_not_send_the_turn_to_the_tools() -> None:
+    message = "What did we decide?" + block([(ref("minutes"), "we ship on friday")], [], ())
+    assert opening("auto", len(message), message, CONTEXT_THRESHOLD) is None  # CoT first
+    named = "Summarise" + block([], [], ("src/app.py",))
+    moved = opening("auto", len(named), named, CONTEXT_THRESHOLD)
+    assert moved is not None
+    assert moved.to_module == "react"  # paths are read with code

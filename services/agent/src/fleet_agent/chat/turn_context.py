@@ -3,8 +3,10 @@
 turn's modules see.
 
 The named documents' text is read from the object store and put after the message, each under a
-header naming it; the named sandbox paths are listed for the agent to read with code (they are
-files of the checkout the session's sandbox was given). The message and the block together are
+header naming it (worded so that an attached text alone does not send the turn to the tools:
+the escalation rule's tool words are for what only a tool can reach); the named sandbox paths
+are listed for the agent to read with code (they are files of the checkout the session's
+sandbox was given). The message and the block together are
 the turn's question: ChainOfThought and ReAct read them as the question, the RLM route as its
 task, and the escalation rule counts their characters (a document past the context threshold
 goes to the RLM, as a long message does). A `tools_only` turn cannot reach the RLM, so there a
@@ -32,7 +34,7 @@ def block(
     parts = []
     room = max_chars
     for ref, text in documents:
-        header = f"[context document {ref.alias!r} ({ref.origin[:200]}, {len(text)} characters)"
+        header = f"[attached {ref.alias!r} ({ref.origin[:200]}, {len(text)} characters)"
         if room is not None and len(text) > room:
             parts.append(
                 f"{header}: too long to include here; read it with the document tools "
@@ -40,9 +42,9 @@ def block(
             )
             continue
         room = None if room is None else room - len(text)
-        parts.append(f"{header}]\n{text}\n[end of document {ref.alias!r}]")
+        parts.append(f"{header}]\n{text}\n[end of {ref.alias!r}]")
     for alias in missing:
-        parts.append(f"[context document {alias!r} was named but is not loaded in this session]")
+        parts.append(f"[attached {alias!r} was named but is not loaded in this session]")
     if paths:
         listed = ", ".join(paths[:MAX_LISTED_PATHS])
         more = f" and {len(paths) - MAX_LISTED_PATHS} more" if len(paths) > MAX_LISTED_PATHS else ""

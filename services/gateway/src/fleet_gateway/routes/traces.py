@@ -169,9 +169,18 @@ async def _session_traces(
     _, store, _ = ready(request.app.state.gateway)
     await log_head(store, tenant, session)  # 404 unless the caller's tenant has this session
     log = await session_log(request)
-    events = await reading.session_events(store, log.codec, tenant, session)
+    events = await _cache(request).events(store, log.codec, tenant, session)
     asked = [t for t in reading.turns_of(events) if _requested(events, t)]
     return [build(tenant, session, turn, events) for turn in asked], events
+
+
+def _cache(request: Request) -> reading.SessionCache:
+    """This app's cache of sessions' trace events (made on first use, like the session log's
+    handles): a trace polled while its turn runs reads only what was stored since."""
+    cache: reading.SessionCache | None = getattr(request.app.state, "trace_cache", None)
+    if cache is None:
+        cache = request.app.state.trace_cache = reading.SessionCache()
+    return cache
 
 
 def _requested(events: list[Envelope[Any]], turn: str) -> bool:

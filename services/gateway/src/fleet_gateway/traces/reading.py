@@ -6,8 +6,9 @@ Only the types the span tree reads are decoded (picked by the `Fleet-Type` heade
 newer writer added, or one whose offloaded payload is gone, is skipped, not fatal.
 """
 
-from collections.abc import Iterable
-from typing import Any
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, Protocol
 
 from fleet_events import Envelope, run, session
 from fleet_events.binding import subject_tenant
@@ -15,7 +16,15 @@ from fleet_events.chain import TYPE_HEADER
 from fleet_events.codec import Codec, CodecError
 from fleet_events.envelope import Event, Offloaded
 from fleet_events.ids import check_id
-from fleet_mesh.store import EventStore, StoreError
+from fleet_mesh.store import EventStore, RawEvent, StoreError
+
+
+class RawReader(Protocol):
+    """What a trace read needs of the store (`EventStore.read_raw`)."""
+
+    def read_raw(
+        self, filter_subject: str, *, from_seq: int = 1, up_to_seq: int | None = None
+    ) -> AsyncIterator[RawEvent]: ...
 
 
 def _tag(kind: type[Event]) -> str:
@@ -35,10 +44,13 @@ TRACE_TYPES = frozenset(_tag(kind) for kind in (*run.EVENTS, *_TURN_TYPES))
 
 
 async def _decoded(
-    store: EventStore, codec: Codec, subject: str, types: frozenset[str]
-) -> list[Envelope[Any]]:
+    store: RawReader, codec: Codec, subject: str, types: frozenset[str], *, from_seq: int = 1
+) -> tuple[list[Envelope[Any]], int]:
+    """The matching events from `from_seq` on, and the last sequence read (0: none)."""
     found: list[Envelope[Any]] = []
-    async for raw in store.read_raw(subject):
+    last = 0
+    async for raw in store.read_raw(subject, from_seq=from_seq):
+        last = raw.seq
         if raw.headers.get(TYPE_HEADER, "") not in types:
             continue
         try:
@@ -47,14 +59,46 @@ async def _decoded(
             continue
         if not isinstance(envelope.data, Offloaded):
             found.append(envelope)
-    return found
+    return found, last
 
 
 async def session_events(
     store: EventStore, codec: Codec, tenant: str, session_id: str
 ) -> list[Envelope[Any]]:
     """Every trace event of the session (all its turns), in stream order."""
-    return await _decoded(store, codec, session.session_filter(tenant, session_id), TRACE_TYPES)
+    subject = session.session_filter(tenant, session_id)
+    return (await _decoded(store, codec, subject, TRACE_TYPES))[0]
+
+
+class SessionCache:
+    """The trace events of recently read sessions, each with the last sequence read, so the
+    next read of a session asks only for what was stored since (a tail: one round trip when
+    nothing changed). The log is append-only, so what was read stays true. Bounded by events
+    held over all sessions; the least recently read session goes first. Per replica."""
+
+    def __init__(self, max_events: int = 50_000) -> None:
+        self.max_events = max_events
+        self._held: OrderedDict[tuple[str, str], tuple[int, list[Envelope[Any]]]] = OrderedDict()
+        self._count = 0
+
+    async def events(
+        self, store: RawReader, codec: Codec, tenant: str, session_id: str
+    ) -> list[Envelope[Any]]:
+        key = (tenant, session_id)
+        last, held = self._held.pop(key, (0, []))
+        self._count -= len(held)
+        subject = session.session_filter(tenant, session_id)
+        new, read_to = await _decoded(store, codec, subject, TRACE_TYPES, from_seq=last + 1)
+        events = held + new if new else held
+        raced = self._held.pop(key, None)  # a concurrent read of the same session put it back
+        if raced is not None:
+            self._count -= len(raced[1])
+        self._held[key] = (max(last, read_to), events)
+        self._count += len(events)
+        while self._count > self.max_events and len(self._held) > 1:
+            _, (_, dropped) = self._held.popitem(last=False)
+            self._count -= len(dropped)
+        return events
 
 
 async def run_events(
@@ -62,7 +106,8 @@ async def run_events(
 ) -> list[Envelope[Any]]:
     """One run's events, wherever in the tenant's sessions it ran (a run id is unique)."""
     subject = f"fleet.session.{check_id('tenant', tenant)}.*.run.{check_id('run', run_id)}"
-    return await _decoded(store, codec, subject, frozenset(_tag(kind) for kind in run.EVENTS))
+    types = frozenset(_tag(kind) for kind in run.EVENTS)
+    return (await _decoded(store, codec, subject, types))[0]
 
 
 def turns_of(events: Iterable[Envelope[Any]]) -> list[str]:

@@ -16,11 +16,11 @@ from fleet_events.envelope import new_id
 from fleet_harness.daytona_fake import DaytonaFake, fake_in_thread
 from fleet_harness.procs import Replica, start_answering
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.runtime_config import RuntimeConfig
+
+from .provider_kit import PROVIDERS, set_provider
 
 BROKER_SECRET = "s3cr3t-broker-only-value"
 TENANT_QUOTA = 6  # live sandboxes per tenant (test_refusals.py fills one tenant to it)
-PROVIDERS = ("local", "daytona")
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +62,6 @@ def broker(
 def bus(broker: Replica, nats_server: NatsServer) -> Iterator[SandboxBus]:
     with SandboxBus(nats_server.url, tenant="t-sandbox") as connected:
         yield connected
-
-
-def set_provider(bus: SandboxBus, provider: str) -> None:
-    async def put() -> None:
-        config = await RuntimeConfig.open(bus.nc.jetstream())
-        await config.set("sandbox_provider", provider, tenant=bus.tenant)
-
-    bus.run(put(), timeout=10)
 
 
 @pytest.fixture(params=PROVIDERS)

@@ -13,9 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events.sandbox import ExecuteReply, Limits, ToolCall, ToolReply
 from fleet_harness.daytona_fake import DaytonaFake
 from fleet_harness.procs import Replica
+from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_sandbox_broker.providers.local import LocalProvider, LocalSandbox, LocalSettings
 
 LIMITS = Limits(
@@ -103,3 +105,16 @@ def volume_file(
     if head == ".children":
         return fake.volume_dir(f"fleet.{tenant}.{volume}.children") / rest
     return fake.volume_dir(f"fleet.{tenant}.{volume}") / path
+
+
+PROVIDERS = ("local", "daytona")
+
+
+def set_provider(bus: SandboxBus, provider: str) -> None:
+    """The tenant's `sandbox_provider` in the config KV: its next create runs there."""
+
+    async def put() -> None:
+        config = await RuntimeConfig.open(bus.nc.jetstream())
+        await config.set("sandbox_provider", provider, tenant=bus.tenant)
+
+    bus.run(put(), timeout=10)

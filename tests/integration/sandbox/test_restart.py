@@ -25,11 +25,14 @@ from fleet_events.codec import Codec
 from fleet_events.envelope import Actor, Envelope, Event, new_id, utc_now
 from fleet_events.run import RunCancelled, RunCompleted, RunFailed
 from fleet_events.session import run_subject
+from fleet_harness.daytona_fake import DaytonaFake
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import EventStore
+
+from .provider_kit import PROVIDERS, set_provider
 
 
 class Brokers:
@@ -37,8 +40,15 @@ class Brokers:
         self.url, self.root, self.volumes = url, root, volumes
         self.started: list[Replica] = []
 
-    def start(self, replica: str, root: str = "root") -> Replica:
-        """`root`: another root stands for another host (it cannot see this one's files)."""
+    def start(
+        self, replica: str, root: str = "root", daytona: DaytonaFake | None = None
+    ) -> Replica:
+        """`root`: another root stands for another host (it cannot see this one's files).
+        `daytona`: the broker has the daytona provider too, on that fake."""
+        extra = {} if daytona is None else {
+            "DAYTONA_API_KEY": "fake-key", "DAYTONA_API_URL": daytona.url,
+            "DAYTONA_TARGET": "fake", "FLEET_SANDBOX_DAYTONA_SNAPSHOT": "fleet-vm",
+        }  # fmt: skip
         process = Replica(
             service="sandbox-broker", index=len(self.started),
             argv=[sys.executable, "-m", "fleet_sandbox_broker"],
@@ -47,7 +57,7 @@ class Brokers:
                 "FLEET_REPLICA": replica, "FLEET_SANDBOX_ROOT": str(self.root / root),
                 "FLEET_SANDBOX_VOLUMES": self.volumes,
                 "FLEET_SANDBOX_UID_BASE": "340000", "FLEET_SANDBOX_POOL_SIZE": "0",
-                "PYTHONUNBUFFERED": "1",
+                "PYTHONUNBUFFERED": "1", **extra,
             },
             log_path=self.root / f"{replica}-{len(self.started)}.log",
         ).start()  # fmt: skip
@@ -116,12 +126,19 @@ def create_on(bus: SandboxBus, replica: str, **fields: Any) -> sb.SandboxInfo:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_after_a_sigkill_children_are_reaped_and_the_session_sandbox_is_usable(
-    brokers: Brokers, bus: SandboxBus
+    brokers: Brokers, bus: SandboxBus, provider: str, daytona_fake: DaytonaFake
 ) -> None:
-    first = brokers.start("sbx-restart")
-    wait_replica(bus, "sbx-restart")
-    session = create_on(bus, "sbx-restart", labels={"session": "s1", "role": "session"})
+    """On each provider: a local sandbox's processes die with the broker, a Daytona one
+    outlives it (labelled); either way the child is reaped and the session taken back."""
+    set_provider(bus, provider)
+    fake = daytona_fake if provider == "daytona" else None
+    name = f"sbx-restart-{provider}"
+    first = brokers.start(name, daytona=fake)
+    wait_replica(bus, name)
+    session = create_on(bus, name, labels={"session": "s1", "role": "session"})
+    assert session.provider == provider
     repl = RemoteInterpreter(bus, session.sandbox)
     repl.execute("open('notes.txt', 'w').write('kept')\nmemory = 1")
     request = sb.BuildChild(request_id=new_id(), tenant=bus.tenant, sandbox=session.sandbox,
@@ -129,11 +146,17 @@ def test_after_a_sigkill_children_are_reaped_and_the_session_sandbox_is_usable(
     child = bus.call(verbs.BUILD_CHILD, request, target=session.sandbox, timeout=60)  # fmt: skip
     assert child.branch == "fork"
     first.kill()
-    brokers.start("sbx-restart")
+    brokers.start(name, daytona=fake)
     eventually_sync(lambda: isinstance(stream(bus, child.sandbox)[-1], sb.SandboxDeleted),
                     timeout=30, what="the child reaped")  # fmt: skip
     assert "reaped" in stream(bus, child.sandbox)[-1].reason
-    assert not Path(child.workspace).exists()
+    # the reap is recorded first, then the sandbox's files (or its Daytona sandbox) go
+    if fake is None:
+        eventually_sync(lambda: not Path(child.workspace).exists(), timeout=30,
+                        what="the child's workspace removed")  # fmt: skip
+    else:
+        eventually_sync(lambda: child.sandbox not in live_on(fake), timeout=30,
+                        what="the child gone on Daytona")  # fmt: skip
     eventually_sync(lambda: isinstance(stream(bus, session.sandbox)[-1], sb.SandboxReplaced),
                     timeout=30, what="the session sandbox revived")  # fmt: skip
     revived = stream(bus, session.sandbox)[-1]
@@ -144,6 +167,16 @@ def test_after_a_sigkill_children_are_reaped_and_the_session_sandbox_is_usable(
     assert again.execute("'memory' in globals()") is False
     again.shutdown()
     bus.delete_sandbox(session.sandbox)
+    if fake is not None:
+        assert session.sandbox not in live_on(fake)
+
+
+def live_on(fake: DaytonaFake) -> list[str]:
+    """The fleet sandboxes the Daytona fake still holds (not destroyed)."""
+    return [
+        b.dto["labels"]["fleet-rlm/sandbox"] for b in fake.sandboxes.values()
+        if b.dto["state"] != "destroyed" and "fleet-rlm/sandbox" in b.dto["labels"]
+    ]  # fmt: skip
 
 
 @pytest.mark.slow

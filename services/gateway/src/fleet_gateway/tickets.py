@@ -79,5 +79,11 @@ async def redeem_ticket(connection: HTTPConnection, ticket: str) -> Principal:
     `ApiError` 401 `invalid_ticket`)."""
     tickets: Tickets | None = connection.app.state.gateway.tickets
     if tickets is None:
-        raise ApiError(503, "not_ready", "the gateway is waiting for the mesh's ticket bucket")
+        raise ApiError(
+            503,
+            "not_ready",
+            "the gateway is waiting for the mesh's ticket bucket: retry shortly (GET /ready "
+            "names what is missing)",
+            headers={"Retry-After": "1"},
+        )
     return await tickets.redeem(ticket)

@@ -22,6 +22,7 @@ import tarfile
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
+from nats.errors import NoRespondersError
 from pydantic import BaseModel
 
 from fleet_events import bus, new_id
@@ -42,7 +43,7 @@ from fleet_mesh import rpc
 
 router = APIRouter(prefix="/api/v1/sessions", tags=["documents"])
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 404, 413, 415, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (401, 404, 413, 415, 422, 429, 503, 504)
 }
 MAX_DOCUMENT_BYTES = 10 * 1024 * 1024
 MAX_CHECKOUT_BYTES = 50 * 1024 * 1024
@@ -147,9 +148,17 @@ def _members(data: bytes) -> dict[str, bytes]:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
             files = _files_of(archive)
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise ApiError(422, "invalid_bundle", f"the bundle is not a tar archive: {exc}") from exc
+        raise ApiError(
+            422, "invalid_bundle",
+            f"the bundle is not a tar archive ({exc}): send a tar or tar.gz of the directory "
+            "(tar -czf checkout.tgz -C DIR .)",
+        ) from exc  # fmt: skip
     if not files:
-        raise ApiError(422, "invalid_bundle", "the bundle holds no file")
+        raise ApiError(
+            422, "invalid_bundle",
+            "the bundle holds no regular file: put the directory's files in it (tar -czf "
+            "checkout.tgz -C DIR .)",
+        )  # fmt: skip
     return files
 
 
@@ -199,14 +208,31 @@ async def upload_checkout(
     refs: dict[str, BlobRef] = {
         path: await h.blobs.put(tenant, data) for path, data in files.items()
     }
-    info = await rpc.call_verb(
-        h.nc, bus.CREATE_SANDBOX,
-        CreateSandbox(
-            request_id=new_id(), tenant=tenant, labels={"session": session},
-            context_files=refs, local_checkout=True,
-        ),
-        timeout=CREATE_TIMEOUT_S,
+    create = CreateSandbox(
+        request_id=new_id(), tenant=tenant, labels={"session": session},
+        context_files=refs, local_checkout=True,
     )  # fmt: skip
+    try:
+        info = await rpc.call_verb(h.nc, bus.CREATE_SANDBOX, create, timeout=CREATE_TIMEOUT_S)
+    except NoRespondersError:
+        raise ApiError(
+            503, "sandbox_unavailable",
+            "no sandbox broker answers on the bus: start one (fleet up does), then upload again",
+            headers={"Retry-After": "5"},
+        ) from None  # fmt: skip
+    except TimeoutError:
+        raise ApiError(
+            504, "sandbox_timeout",
+            f"the sandbox broker did not start the checkout's sandbox within "
+            f"{CREATE_TIMEOUT_S:g} s; upload again (the files are kept, a retry stores none twice)",
+        ) from None  # fmt: skip
+    except rpc.RemoteError as exc:
+        status = 422 if exc.code == "bad_request" else 503
+        raise ApiError(
+            status, "sandbox_unavailable" if status == 503 else "sandbox_refused",
+            f"the sandbox broker could not start the checkout's sandbox: {exc.message}",
+            details={"broker_code": exc.code},
+        ) from None  # fmt: skip
     interpreter = InterpreterState(sandbox=info.sandbox, workspace=info.workspace)
     _, seq = await h.write(
         tenant, session, SandboxAttached(interpreter=interpreter, reason="local_checkout"),

@@ -44,6 +44,7 @@ from fleet_gateway.frames import (
     parse,
 )
 from fleet_gateway.live import TRACE_MODES, Overflowed, TraceMode, Watch
+from fleet_gateway.quotas import turns_over_quota
 from fleet_gateway.sessionlog import SessionLog, session_log
 from fleet_gateway.tickets import redeem_ticket
 from fleet_mesh.store import StoreError
@@ -209,8 +210,15 @@ async def _frame(sock: _Socket, text: str) -> None:
 
 async def _handle(sock: _Socket, frame: ClientFrame) -> None:
     tenant = sock.principal.tenant
+    state = sock.ws.app.state.gateway
+    if state.auth is not None:  # a frame costs the tenant a request, as an HTTP call does
+        state.auth.rate.charge(tenant)  # 429 rate_limited: an error frame, the socket stays
     match frame:
         case MessageFrame():
+            limit = state.settings.tenant_concurrent_turns
+            active = state.projections.active_turns(tenant) if state.projections else 0
+            if active >= limit:  # the same quota as POST /{id}/turns
+                raise turns_over_quota(tenant, active, limit)
             if frame.repo_url:
                 raise FrameError(
                     "unsupported_field",

@@ -19,7 +19,7 @@ REQUESTS: list[tuple[frames.Request, dict[str, Any]]] = [
         frames.Exec(exec="e1", ctx="main", code="1", vars={"x": "h"}, blobs={"h": "1"},
                     tools=["t"], output_fields=None),
         {"t": "exec", "exec": "e1", "ctx": "main", "code": "1", "vars": {"x": "h"},
-         "blobs": {"h": "1"}, "tools": ["t"], "output_fields": None},
+         "blobs": {"h": "1"}, "tools": ["t"], "output_fields": None, "stream": False},
     ),
     (
         frames.ToolResult(id=7, ok=False, error="no"),

@@ -274,6 +274,13 @@ CHANNELS: tuple[Channel, ...] = (
         "unpersisted deltas for watchers; everything that matters is also an event",
         payload=LiveDelta,
     ),
+    Channel(
+        "cell-output", "fleet.callback.{interpreter}.output", "live", None,
+        "what a running cell prints, from the broker holding its sandbox to the interpreter "
+        "owning its context, at most every 100 ms (the agent relays it as `cell_output` live "
+        "deltas); the cell's reply carries all of it",
+        payload=sb.CellOutput,
+    ),
 )  # fmt: skip
 
 

@@ -83,7 +83,10 @@ class RemoteInterpreter:
         callback_timeout_s: float = 600.0,
         request_timeout_s: float = 3600.0,
         liveness_s: float = 10.0,
+        live: tuple[str, str | None] | None = None,
     ) -> None:
+        """`live`: (live subject, run) to relay what running cells print to, as
+        `cell_output` deltas while they run (the broker sends it at most every 100 ms)."""
         self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
         self.output_fields = output_fields
         self.bus = bus
@@ -99,6 +102,10 @@ class RemoteInterpreter:
         self._started = False
         self._ended = False
         self._inbox: Subscription | None = None
+        self.live = live
+        self.streamed_chars = 0
+        """Characters of the running (or last) cell's output already relayed live."""
+        self._output: Subscription | None = None
         self._sent: set[str] = set()
         self._memo: dict[int, _Encoded] = {}
         self._caller: contextvars.Context = contextvars.copy_context()
@@ -113,6 +120,9 @@ class RemoteInterpreter:
                 return
             try:
                 self._inbox = self.bus.serve_tools(self.id, self._on_tool)
+                if self.live is not None:
+                    subject, run = self.live
+                    self._output = self.bus.relay_output(self.id, subject, run, self._streamed)
                 request = sb.OpenContext(
                     request_id=new_id(),
                     tenant=self.bus.tenant,
@@ -123,8 +133,7 @@ class RemoteInterpreter:
                 self.bus.call(verbs.OPEN_CONTEXT, request, target=self.sandbox, timeout=30)
             except Exception as exc:
                 self._ended = True
-                if self._inbox is not None:
-                    self.bus.unsubscribe(self._inbox)
+                self._close_inboxes()
                 raise CodeInterpreterError(
                     f"cannot open a REPL context on sandbox {self.sandbox}: {_describe(exc)}"
                 ) from exc
@@ -146,9 +155,16 @@ class RemoteInterpreter:
             with contextlib.suppress(Exception):
                 self.bus.call(verbs.CLOSE_CONTEXT, request, target=self.sandbox, timeout=10)
         finally:
-            if self._inbox is not None:
-                self.bus.unsubscribe(self._inbox)
-                self._inbox = None
+            self._close_inboxes()
+
+    def _streamed(self, text: str) -> None:
+        self.streamed_chars += len(text)
+
+    def _close_inboxes(self) -> None:
+        for subscription in (self._inbox, self._output):
+            if subscription is not None:
+                self.bus.unsubscribe(subscription)
+        self._inbox = self._output = None
 
     def __enter__(self) -> "RemoteInterpreter":
         self.start()
@@ -182,6 +198,7 @@ class RemoteInterpreter:
         encoded = self._encode_variables(variables or {}, tools)
         if not self._started:
             self.start()
+        self.streamed_chars = 0
         self._caller = contextvars.copy_context()
         names = {name: item.digest for name, item in encoded.items()}
         unsent = {i.digest: i.text for i in encoded.values() if i.digest not in self._sent}
@@ -302,9 +319,7 @@ class RemoteInterpreter:
     def _terminal(self) -> None:
         with self._state_lock:
             self._ended = True
-        if self._inbox is not None:
-            self.bus.unsubscribe(self._inbox)
-            self._inbox = None
+        self._close_inboxes()
 
     # -- tools -------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ ToolHandler = Callable[[sb.ToolCall], sb.ToolReply]
 
 _encoder = msgspec.json.Encoder()
 _tool_calls = msgspec.json.Decoder(verbs.TOOL_CALL.request)
+_cell_output = msgspec.json.Decoder(sb.CellOutput)
 
 
 class BusClosed(RuntimeError):
@@ -185,6 +186,30 @@ class SandboxBus:
         return self.run(
             self.nc.subscribe(verbs.TOOL_CALL.subject(interpreter), cb=on_msg), timeout=10
         )
+
+    def relay_output(
+        self,
+        interpreter: str,
+        live_subject: str,
+        run: str | None,
+        seen: Callable[[str], None] = lambda _: None,
+    ) -> Subscription:
+        """Relay what running cells of `interpreter`'s contexts print (`sb.CellOutput`, from
+        the broker) to `live_subject` as `cell_output` deltas of `run`, on the bus loop (no
+        thread, no reply: a preview nobody acks); `seen` is told each chunk relayed."""
+        nc = self.nc
+
+        async def on_chunk(msg: Msg) -> None:
+            try:
+                chunk = _cell_output.decode(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return
+            seen(chunk.text)
+            delta = verbs.LiveDelta(kind="cell_output", run=run, text=chunk.text)
+            await nc.publish(live_subject, _encoder.encode(delta))
+
+        subject = sb.cell_output_subject(interpreter)
+        return self.run(self.nc.subscribe(subject, cb=on_chunk), timeout=10)
 
     def unsubscribe(self, subscription: Subscription) -> None:
         with contextlib.suppress(Exception):

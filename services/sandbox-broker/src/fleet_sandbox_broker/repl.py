@@ -1,6 +1,7 @@
 """The REPL verbs: open and close a context, run a cell, interrupt a running cell. A cell's
 host tool calls are relayed to the interpreter owning its context."""
 
+import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -12,10 +13,11 @@ from fleet_mesh.blobs import BlobNotFound
 from fleet_sandbox_broker import domain
 from fleet_sandbox_broker.broker import Broker, Held
 from fleet_sandbox_broker.errors import BadSpec, SandboxNotFound, SandboxStopped
-from fleet_sandbox_broker.providers.base import ToolRelay
+from fleet_sandbox_broker.providers.base import OutputSink, StreamsOutput, ToolRelay
 
 # room for the reply's own fields and the NATS headers around a capped execution reply
 REPLY_MARGIN = 4096
+_encode = msgspec.json.Encoder().encode
 
 
 class Repl:
@@ -65,12 +67,20 @@ class Repl:
                 raise BadSpec(f"variable {digest} is not in the object store: {exc}") from exc
         limit = held.box.limits.wall_s
         wall = limit if req.wall_s is None else min(req.wall_s, limit)
+        relay = self._relay_to(interpreter, req.callback_timeout_s)
+        box = held.box
         try:
-            reply = await held.box.execute(
-                context=req.context, code=req.code, variables=req.variables, blobs=blobs,
-                tools=req.tools, output_fields=req.output_fields, wall_s=wall,
-                relay=self._relay_to(interpreter, req.callback_timeout_s),
-            )  # fmt: skip
+            if isinstance(box, StreamsOutput) and interpreter is not None:
+                reply = await box.execute(
+                    context=req.context, code=req.code, variables=req.variables, blobs=blobs,
+                    tools=req.tools, output_fields=req.output_fields, wall_s=wall, relay=relay,
+                    on_output=self._output_to(interpreter, req.sandbox, req.context),
+                )  # fmt: skip
+            else:
+                reply = await box.execute(
+                    context=req.context, code=req.code, variables=req.variables, blobs=blobs,
+                    tools=req.tools, output_fields=req.output_fields, wall_s=wall, relay=relay,
+                )  # fmt: skip
         except SandboxStopped as exc:
             return sb.ExecuteReply(kind="terminal", error=exc.message)
         return domain.fit_reply(reply, self.reply_budget - REPLY_MARGIN)
@@ -79,6 +89,21 @@ class Repl:
         """Stop the cell running in the context now; the sandbox and its REPL state survive."""
         held = self._context(req)
         return sb.Interrupted(interrupted=await held.box.interrupt(req.context))
+
+    def _output_to(self, interpreter: str, sandbox: str, context: str) -> OutputSink:
+        """A running cell's output, published (core NATS, no reply) to the interpreter that
+        owns its context: unpersisted, and lost if nobody listens, as a preview may be."""
+        nc = self.b.ctx.nc
+        subject = sb.cell_output_subject(interpreter)
+        seq = 0
+
+        async def publish(text: str) -> None:
+            nonlocal seq
+            seq += 1
+            chunk = sb.CellOutput(sandbox=sandbox, context=context, text=text, seq=seq)
+            await nc.publish(subject, _encode(chunk))
+
+        return publish
 
     def _relay_to(self, interpreter: str | None, timeout: float) -> ToolRelay:
         nc = self.b.ctx.nc

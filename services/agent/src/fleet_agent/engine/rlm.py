@@ -61,6 +61,7 @@ from fleet_events.run import (
     ToolCalled,
     ToolReturned,
 )
+from fleet_events.subjects import live as live_subject
 
 log = logging.getLogger("fleet.agent.engine")
 
@@ -208,8 +209,9 @@ class RecordingInterpreter(RemoteInterpreter):
         if len(stdout.encode()) > STDOUT_INLINE:
             blob = self.bus.put_blob(stdout.encode())
             stdout = stdout[:STDOUT_INLINE]
-        if stdout:
-            self._hooks.recorder.live("cell_output", stdout)
+        rest = stdout[self.streamed_chars :]  # what was not streamed while the cell ran
+        if rest:
+            self._hooks.recorder.live("cell_output", rest)
         self._hooks.recorder.record(
             CellExecuted(
                 code=code if len(code.encode()) <= INLINE_BYTES else code[:INLINE_BYTES],
@@ -419,7 +421,8 @@ def _forward(
             mesh.bus, mesh.lm, scope, on_call=recorder.on_llm_call, grant_id=recorder.next_grant_id
         )
 
-    options: dict[str, Any] = {}
+    # what cells print goes live while they run (`cell_output` deltas), not only at their end
+    options: dict[str, Any] = {"live": (live_subject(ctx.tenant, ctx.session), ctx.run)}
     if task.cell_wall_s is not None:
         options["wall_s"] = task.cell_wall_s
     rlm = RecordedRLM(

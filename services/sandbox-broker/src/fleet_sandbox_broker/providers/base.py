@@ -8,11 +8,13 @@ lacks a verb (say, fork) still implements it and fails with `ForkFailed`, and de
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from fleet_events.sandbox import Capabilities, ExecuteReply, Limits, ToolCall, ToolReply
 
 ToolRelay = Callable[[ToolCall], Awaitable[ToolReply]]
+OutputSink = Callable[[str], Awaitable[None]]
+"""Handed what a running cell printed since the last call (a preview of its output)."""
 
 
 class Sandbox(Protocol):
@@ -71,6 +73,28 @@ class Sandbox(Protocol):
     async def stop(self, reason: str, limit: str = "exited") -> None: ...
 
     async def destroy(self) -> None: ...
+
+
+@runtime_checkable
+class StreamsOutput(Protocol):
+    """A sandbox that can hand a running cell's output over while the cell runs (`local`);
+    the others answer it once, with the cell. `execute` then takes `on_output`."""
+
+    streams_output: bool
+
+    async def execute(
+        self,
+        *,
+        context: str,
+        code: str,
+        variables: dict[str, str],
+        blobs: dict[str, str],
+        tools: list[str],
+        output_fields: list[dict[str, Any]] | None,
+        wall_s: float,
+        relay: ToolRelay,
+        on_output: OutputSink | None = None,
+    ) -> ExecuteReply: ...
 
 
 class Provider(Protocol):

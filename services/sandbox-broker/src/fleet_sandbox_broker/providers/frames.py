@@ -75,6 +75,14 @@ class ToolRequest(Frame, frozen=True, kw_only=True, tag="tool"):
     kwargs: dict[str, Any] = {}
 
 
+class Output(Frame, frozen=True, kw_only=True, tag="out"):
+    """What a streaming cell printed since its last `out` frame (a preview: the answer
+    carries all of it)."""
+
+    exec: str
+    text: str
+
+
 class Forked(Frame, frozen=True, kw_only=True, tag="forked"):
     fork: str
 
@@ -108,6 +116,8 @@ class Exec(Request, frozen=True, kw_only=True, tag="exec"):
     blobs: dict[str, str]
     tools: list[str]
     output_fields: list[dict[str, Any]] | None
+    stream: bool = False
+    """Send what the cell prints as `out` frames while it runs."""
 
 
 class ToolResult(Request, frozen=True, kw_only=True, tag="tool_result"):
@@ -162,6 +172,7 @@ AnyFrame = Union[  # noqa: UP007 - msgspec needs a runtime union
     Missing,
     Fatal,
     ToolRequest,
+    Output,
     Forked,
     ForkRefused,
 ]

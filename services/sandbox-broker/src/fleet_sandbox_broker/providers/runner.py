@@ -46,6 +46,8 @@ from typing import Any
 HEADER = struct.Struct(">I")
 CELL_PREFIX = "<cell"
 INTERRUPT_GRACE_S = 0.5
+STREAM_EVERY_S = 0.1  # a streaming cell's printed output goes out at most this often
+STREAM_CHUNK = 16384  # characters per `out` frame
 INTERRUPTED = "the cell was interrupted; the sandbox and its variables are kept"
 
 
@@ -133,6 +135,10 @@ class Execution:
         self.answered = False
         self.on_cell_thread = False
         self.calls: set[int] = set()
+        # live output (`stream`): what of `out` was sent as `out` frames, and when last
+        self.stream = bool(request.get("stream"))
+        self.streamed = 0
+        self.streamed_at = time.monotonic()
 
     def write(self, text: str, cap: int) -> None:
         with self.lock:
@@ -598,6 +604,33 @@ class Runner:
             return None
         return max(0.0, min(self.interrupts.values()) - time.monotonic())
 
+    def wait_s(self) -> float | None:
+        """How long the main loop may sleep: until the next interrupt deadline, and no longer
+        than `STREAM_EVERY_S` while a streaming cell runs."""
+        wait = self.interrupt_timeout()
+        if any(e.stream for e in list(self.inflight.values())):
+            wait = STREAM_EVERY_S if wait is None else min(wait, STREAM_EVERY_S)
+        return wait
+
+    def stream_output(self) -> None:
+        """Send what streaming cells printed since their last `out` frame, at most every
+        `STREAM_EVERY_S` per cell and `STREAM_CHUNK` characters a frame (the rest goes next
+        time). The cell's answer still carries all of its output; these frames are a preview.
+        One sent after the answer (the cell ended meanwhile) is dropped by the broker."""
+        now = time.monotonic()
+        for execution in list(self.inflight.values()):
+            if not execution.stream or now - execution.streamed_at < STREAM_EVERY_S:
+                continue
+            with execution.lock:
+                if execution.out_size <= execution.streamed:
+                    continue
+                text = execution.out.getvalue()[
+                    execution.streamed : execution.streamed + STREAM_CHUNK
+                ]
+                execution.streamed += len(text)
+            execution.streamed_at = now
+            self.channel.send({"t": "out", "exec": execution.id, "text": text})
+
     def start_execution(self, request: dict[str, Any]) -> None:
         missing = [
             d
@@ -808,12 +841,14 @@ class Runner:
     def serve(self) -> None:
         while True:
             sock_fd = self.channel.sock.fileno()
-            wait = self.interrupt_timeout()
+            wait = self.wait_s()
             readable, _, _ = select.select([sock_fd, self.wake_r, self.out_r], [], [], wait)
             if self.interrupts:
                 self.expire_interrupts()
             if self.out_r in readable:
                 self.drain_output(None)
+            if self.inflight:
+                self.stream_output()
             if self.wake_r in readable:
                 os.read(self.wake_r, 4096)
                 if not self.inflight and self.auto_checkpoint:

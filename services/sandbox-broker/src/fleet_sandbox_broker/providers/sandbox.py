@@ -22,7 +22,7 @@ from fleet_events.sandbox import ExecuteReply, Limits, ToolCall, ToolReply
 from fleet_sandbox_broker.domain import Stopwatch
 from fleet_sandbox_broker.errors import ForkFailed, ProtocolViolation, SandboxStopped, TooLarge
 from fleet_sandbox_broker.providers import frames
-from fleet_sandbox_broker.providers.base import ToolRelay
+from fleet_sandbox_broker.providers.base import OutputSink, ToolRelay
 from fleet_sandbox_broker.providers.files import read_in, write_in
 from fleet_sandbox_broker.providers.launch import sandbox_env
 from fleet_sandbox_broker.providers.workspace import (
@@ -48,9 +48,12 @@ class _Exec:
     context: str
     timer: asyncio.TimerHandle | None = None
     calls: set["asyncio.Task[None]"] = field(default_factory=set)
+    on_output: OutputSink | None = None
 
 
 class LocalSandbox:
+    streams_output = True  # `base.StreamsOutput`: a cell's output can be handed over live
+
     def __init__(
         self,
         provider: "LocalProvider",
@@ -157,6 +160,8 @@ class LocalSandbox:
                     self._ready.set_result(pid)
             case frames.ToolRequest():
                 await self._start_tool_call(frame)
+            case frames.Output():
+                await self._output(frame)
             case frames.Fatal():
                 kind = {"cpu": "cpu_time", "memory": "memory"}.get(frame.kind, "exited")
                 label = {"cpu_time": "CPU time", "memory": "memory"}.get(kind, frame.kind)
@@ -191,6 +196,18 @@ class LocalSandbox:
         if kind == "memory":
             return f" of {self.limits.memory_mb} MiB"
         return ""
+
+    async def _output(self, frame: frames.Output) -> None:
+        """A streaming cell's output so far, to its sink. One for a cell that has answered
+        (the runner's loop sent it just after) or that asked for no stream is dropped; a
+        sink that fails is logged and never stops the cell."""
+        pending = self._execs.get(frame.exec)
+        if pending is None or pending.on_output is None:
+            return
+        try:
+            await pending.on_output(frame.text)
+        except Exception:
+            log.warning("a cell's output sink failed", extra={"sandbox": self.id}, exc_info=True)
 
     async def _start_tool_call(self, frame: frames.ToolRequest) -> None:
         """A relay task per call, at most `max_tool_calls` at once: sandbox code can write
@@ -275,17 +292,20 @@ class LocalSandbox:
         output_fields: list[dict[str, Any]] | None,
         wall_s: float,
         relay: ToolRelay,
+        on_output: OutputSink | None = None,
     ) -> ExecuteReply:
+        """`on_output`: handed what the cell prints while it runs (at most every 100 ms)."""
         self._check_running()
         exec_id = new_id()
         loop = asyncio.get_running_loop()
         pending = _Exec(loop.create_future(), Stopwatch(wall_s), relay, context)
+        pending.on_output = on_output
         self._execs[exec_id] = pending
         self._watch_inodes()
         await self._channel.send(
             frames.Exec(
                 exec=exec_id, ctx=context, code=code, vars=variables, blobs=blobs, tools=tools,
-                output_fields=output_fields,
+                output_fields=output_fields, stream=on_output is not None,
             )
         )  # fmt: skip
         self._arm(pending)

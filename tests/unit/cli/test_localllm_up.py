@@ -11,19 +11,28 @@ import asyncio
 import logging
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
+from nats.js.errors import KeyNotFoundError
 
 from fleet_cli.localllm import server, up
-from fleet_cli.localllm.build import Cancelled
+from fleet_cli.localllm.build import BuildFailed, Cancelled
 from fleet_cli.localllm.install import Installed
 from fleet_cli.localllm.paths import Cache
 from fleet_cli.localllm.profile import LOCAL_KEY_REF, LOCAL_MODEL
+from fleet_cli.localllm.state import read_file
 from fleet_cli.supervisor import Supervisor
-from fleet_events.llm import DEFAULT_PROFILE, ROLES, LlmProfile
+from fleet_events import streams
+from fleet_events.llm import (
+    DEFAULT_PROFILE,
+    LOCAL_MODEL_KEY,
+    ROLES,
+    LlmProfile,
+    decode_local_state,
+)
 from fleet_harness.waits import eventually
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
@@ -86,16 +95,28 @@ def options(tmp_path: Path, mode: str, port: int | None = None) -> up.LlmOptions
     )
 
 
-async def test_none_starts_nothing_and_asks_nothing(
-    tmp_path: Path, supervisor: Supervisor, fake_install: list[Cache]
+async def test_none_starts_nothing_and_forgets_an_earlier_starts_local_model(
+    tmp_path: Path, supervisor: Supervisor, fake_install: list[Cache], private_nats: NatsServer
 ) -> None:
+    nc = await bootstrapped(private_nats)
+    earlier = options(tmp_path, up.LOCAL)  # the same data dir ran the local model before
+    await up.hook(earlier, lambda _: None, asyncio.Event())(private_nats.url, supervisor)
+    supervisor.stop()
+    before = list(supervisor.children)
+    kv = await nc.jetstream().key_value(streams.CONFIG.bucket)
+    assert (await kv.get(LOCAL_MODEL_KEY)).value
     said: list[str] = []
     hook = up.hook(options(tmp_path, up.NONE), said.append, asyncio.Event())
-    env = await hook("nats://127.0.0.1:1", supervisor)  # never connected: nothing to ask
+    env = await hook(private_nats.url, supervisor)
     assert env == {}
-    assert supervisor.children == []
-    assert fake_install == []
+    assert supervisor.children == before  # nothing started
+    assert len(fake_install) == 1  # the earlier start's only
     assert said == ["LLM: none (--llm none): no model server started"]
+    # its state is gone: /ready must not wait for a model this start does not run
+    with pytest.raises(KeyNotFoundError):
+        await kv.get(LOCAL_MODEL_KEY)
+    assert read_file(earlier.data_dir / "llm") is None
+    await nc.close()
 
 
 async def test_fleet_llm_model_in_the_environment_wins_over_the_local_model(
@@ -286,4 +307,46 @@ async def test_a_stop_during_the_install_cancels_it_and_starts_nothing(
     }
     assert supervisor.children == []
     assert said[-1] == "LLM: stopped before the local model was up"
+    await nc.close()
+
+
+async def test_the_models_state_is_written_for_the_gateway_and_for_fleet_doctor(
+    tmp_path: Path, supervisor: Supervisor, fake_install: list[Cache], private_nats: NatsServer
+) -> None:
+    nc = await bootstrapped(private_nats)
+    chosen = options(tmp_path, up.LOCAL)
+    await up.hook(chosen, lambda _: None, asyncio.Event())(private_nats.url, supervisor)
+    kv = await nc.jetstream().key_value(streams.CONFIG.bucket)
+    stored = decode_local_state((await kv.get(LOCAL_MODEL_KEY)).value or b"")
+    assert stored is not None
+    assert (stored.state, stored.api_base) == ("up", f"http://127.0.0.1:{chosen.port}/v1")
+    assert read_file(chosen.data_dir / "llm") == stored  # the same, for fleet doctor
+    await nc.close()
+
+
+async def test_a_failed_install_is_recorded_failed_with_its_error_and_advice(
+    tmp_path: Path,
+    supervisor: Supervisor,
+    private_nats: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("FLEET_LLM_MODEL", raising=False)
+    missing = "cmake is not installed: apt-get install cmake (needed once, to build the server)"
+
+    def failing_install(cache: Cache, progress: Callable[[str], None], **_: object) -> Installed:
+        progress("building the server: 12s so far")
+        raise BuildFailed(missing)
+
+    monkeypatch.setattr(up, "ensure_installed", failing_install)
+    nc = await bootstrapped(private_nats)
+    chosen = options(tmp_path, up.AUTO)
+    with pytest.raises(BuildFailed):
+        await up.hook(chosen, lambda _: None, asyncio.Event())(private_nats.url, supervisor)
+    kv = await nc.jetstream().key_value(streams.CONFIG.bucket)
+    stored = decode_local_state((await kv.get(LOCAL_MODEL_KEY)).value or b"")
+    assert stored is not None
+    assert (stored.state, stored.detail) == ("failed", missing)
+    assert "--llm none" in stored.advice
+    assert read_file(chosen.data_dir / "llm") == stored
+    assert supervisor.children == []
     await nc.close()

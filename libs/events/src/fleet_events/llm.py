@@ -269,6 +269,49 @@ class TestLmResult(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
 
 
+# -- the embedded model's state (written by `fleet up`, read by the gateway and the agent) ------
+
+LocalState = Literal["installing", "building", "loading", "up", "failed", "stopped"]
+LOCAL_MODEL_KEY = "global.llm.local"
+"""Where `fleet up` keeps the embedded model's state in the config bucket (absent: this mesh
+runs no local model)."""
+
+
+class LocalModelState(msgspec.Struct, frozen=True, kw_only=True):
+    """The embedded model as `fleet up` last saw it: its install step, or up with the speed it
+    measured when the server first answered (one short streamed completion)."""
+
+    state: LocalState
+    model: str
+    updated_at: datetime
+    api_base: str | None = None
+    detail: str = ""
+    advice: str = ""
+    first_token_ms: float | None = None
+    tokens_per_s: float | None = None
+
+
+def local_state_line(state: LocalModelState) -> str:
+    """One line for a person: what it is doing, where, and how fast."""
+    where = f" at {state.api_base}" if state.api_base else ""
+    line = f"{state.state}: {state.model}{where}"
+    if state.first_token_ms is not None and state.tokens_per_s is not None:
+        line += f"; first token {state.first_token_ms:.0f} ms, {state.tokens_per_s:.1f} tokens/s"
+    return f"{line} ({state.detail})" if state.detail else line
+
+
+_local_decoder = msgspec.json.Decoder(LocalModelState)
+
+
+def decode_local_state(data: bytes) -> LocalModelState | None:
+    """The stored state, or None for bytes that are not one (never an exception: a reader
+    reporting health must not fail on it)."""
+    try:
+        return _local_decoder.decode(data)
+    except msgspec.DecodeError:
+        return None
+
+
 def profile_summary(profile: LlmProfile) -> dict[str, Any]:
     """What may be shown of a profile anywhere (it holds no key, so this is all of it)."""
     return msgspec.to_builtins(profile)  # type: ignore[no-any-return]

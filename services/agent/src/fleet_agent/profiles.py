@@ -4,7 +4,10 @@ system's probe: preflight checks, then "Reply with exactly OK").
 
 Both read the config and secrets stores at each request, so they report what the next model
 call would use. The probe is an operator's check outside any turn: it is not charged to a
-budget tree. Nothing either answers carries a key; error text is scrubbed of it.
+budget tree. Nothing either answers carries a key; error text is scrubbed of it. When the
+profile is the embedded model `fleet up` serves (its address is the one in the stored
+`LocalModelState`), the probe adds a `local_model` check: installing, building, loading or up
+with the speed measured at start, and what to do when it is not up.
 """
 
 import asyncio
@@ -13,20 +16,26 @@ from dataclasses import dataclass
 
 from dspy.clients.engines.litellm_engine import LiteLLMEngine
 from dspy.lm15 import Config, Message, Request
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
 
 from fleet_agent.lm import NO_KEY, scrub
-from fleet_events import bus, check_id, utc_now
+from fleet_events import bus, check_id, streams, utc_now
 from fleet_events.llm import (
+    LOCAL_MODEL_KEY,
     ROLES,
     AgentStatus,
     GetAgentStatus,
     InvalidProfile,
     LmCheck,
+    LocalModelState,
     RoleStatus,
     TestLm,
     TestLmResult,
     check_profile_name,
     check_role,
+    decode_local_state,
+    local_state_line,
 )
 from fleet_mesh.rpc import BadRequest
 from fleet_mesh.runtime_config import LlmConfig, ProfileNotFound, StoredProfile
@@ -37,12 +46,27 @@ PROBE = "Reply with exactly OK"
 PREVIEW_CHARS = 240
 MAX_PROBE_S = 60.0
 REQUIRED_ROLES = ("planner", "delegate")
+LOCAL_NOT_UP = (
+    "the embedded model is not up yet: fleet up installs (once, minutes), loads and then serves "
+    "it; run `fleet doctor` or see <data-dir>/logs/llm.log"
+)
 
 
 @dataclass(frozen=True)
 class LlmStores:
     llm: LlmConfig
     secrets: SecretsReader
+    config: KeyValue | None = None
+    """The config bucket itself, for the embedded model's state (None: not reported)."""
+
+    async def local_model(self) -> LocalModelState | None:
+        if self.config is None:
+            return None
+        try:
+            entry = await self.config.get(LOCAL_MODEL_KEY)
+        except KeyNotFoundError:
+            return None
+        return decode_local_state(entry.value or b"")
 
 
 def _tenant(value: str) -> str:
@@ -173,6 +197,14 @@ async def test_lm(stores: LlmStores, request: TestLm) -> TestLmResult:
         checks.append(LmCheck(name="api_key_set", ok=False, detail=str(exc)))
         guidance.append(f"store the secret {profile.secret!r} in {scope} through the gateway")
         return result(profile=profile.name, model=profile.model)
+    local = await stores.local_model()
+    if local is not None and profile.api_base is not None and local.api_base == profile.api_base:
+        checks.append(
+            LmCheck(name="local_model", ok=local.state == "up", detail=local_state_line(local))
+        )
+        if local.state != "up":
+            guidance.append(local.advice or LOCAL_NOT_UP)
+            return result(profile=profile.name, model=profile.model)
 
     started = time.monotonic()
     try:
@@ -229,4 +261,8 @@ async def open_stores(ctx: ServiceContext, secrets: SecretsReader | None = None)
                 "the agent needs the services' private key: set FLEET_SECRETS_KEY to its file"
             )
         secrets = await SecretsReader.open_reader(ctx.js, key)
-    return LlmStores(llm=await LlmConfig.open(ctx.js), secrets=secrets)
+    return LlmStores(
+        llm=await LlmConfig.open(ctx.js),
+        secrets=secrets,
+        config=await ctx.js.key_value(streams.CONFIG.bucket),
+    )

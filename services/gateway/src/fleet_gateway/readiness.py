@@ -1,5 +1,7 @@
 """What `/ready` reports: NATS, every stream, KV bucket and object store, every service's ping,
-and the sandbox broker's remote providers (Daytona's circuit, read from the broker's ping).
+the sandbox broker's remote providers (Daytona's circuit, read from the broker's ping), and the
+embedded model (`llm`) when `fleet up` runs one: its state from the config bucket (installing,
+building, loading, up with its speed, failed) and, when up, whether its server answers.
 
 All probes run concurrently, each under its own short deadline, so a dead service costs one
 timeout and cannot hold the answer hostage. A provider whose circuit is open is `degraded`:
@@ -8,23 +10,27 @@ to it fail fast with `unavailable`; tenants on other providers are served).
 """
 
 import asyncio
+import ipaddress
 import time
 from collections.abc import Awaitable
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
+import httpx
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from pydantic import BaseModel
 
 from fleet_events import bus, streams
 from fleet_events.bus import Ping
+from fleet_events.llm import LOCAL_MODEL_KEY, decode_local_state, local_state_line
 from fleet_mesh import rpc
 from fleet_mesh.connection import server_address
 
 State = Literal["up", "down", "degraded"]
-Kind = Literal["nats", "stream", "kv", "object_store", "service", "provider"]
+Kind = Literal["nats", "stream", "kv", "object_store", "service", "provider", "llm"]
 BROKER = "sandbox-broker"
 REMOTE_PROVIDERS = ("daytona",)  # providers whose health the broker's ping carries
 
@@ -111,6 +117,49 @@ def _providers(details: dict[str, Any]) -> list[Component]:
     return found
 
 
+async def _local_model(nc: Client, timeout: float) -> Component | None:
+    """The embedded model, or None when this mesh runs none (no state stored)."""
+    try:
+        kv = await nc.jetstream(timeout=timeout).key_value(streams.CONFIG.bucket)
+        entry = await kv.get(LOCAL_MODEL_KEY)
+    except KeyNotFoundError:
+        return None
+    except (TimeoutError, NatsError) as exc:
+        return Component(name="llm", kind="llm", state="down", detail=type(exc).__name__)
+    state = decode_local_state(entry.value or b"")
+    if state is None:
+        return Component(name="llm", kind="llm", state="down", detail="its state is unreadable")
+    line = local_state_line(state)
+    if state.state != "up":
+        detail = f"{line}; {state.advice}" if state.advice else line
+        return Component(name="llm", kind="llm", state="down", detail=detail)
+    started = time.perf_counter()
+    if not await _answers(state.api_base or "", timeout):
+        return Component(
+            name="llm", kind="llm", state="down",
+            detail=f"{line}; but its server does not answer now (fleet up restarts it: see "
+            "logs/llm.log)",
+        )  # fmt: skip
+    latency = round((time.perf_counter() - started) * 1000, 2)
+    return Component(name="llm", kind="llm", state="up", detail=line, latency_ms=latency)
+
+
+async def _answers(api_base: str, timeout: float) -> bool:
+    """Any HTTP answer from `/models` (a 401 too: the server enforces its key); loopback only,
+    the only place `fleet up` serves it."""
+    try:
+        if not ipaddress.ip_address(urlsplit(api_base).hostname or "").is_loopback:
+            return False
+    except ValueError:
+        return False
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            await client.get(f"{api_base.rstrip('/')}/models")
+    except httpx.HTTPError:
+        return False
+    return True
+
+
 def _nats(nc: Client | None) -> Component:
     if nc is None or not nc.is_connected:
         return Component(name="nats", kind="nats", state="down", detail="not connected")
@@ -143,8 +192,8 @@ async def check(nc: Client | None, services: tuple[str, ...], timeout: float) ->
         _service(nc, service, timeout, broker if service == BROKER else None)
         for service in services
     ]
-    results = await asyncio.gather(*probes)
-    components = [nats, *results, *_providers(broker)]
+    results, model = await asyncio.gather(asyncio.gather(*probes), _local_model(nc, timeout))
+    components = [nats, *results, *_providers(broker), *([model] if model else [])]
     return Readiness(
         ready=all(c.state != "down" for c in components),
         components=components,

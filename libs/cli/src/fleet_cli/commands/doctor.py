@@ -1,7 +1,13 @@
 """`fleet doctor`: every part the mesh needs, each with what to do when it is down, so a
-failed check is a next step rather than a stack trace."""
+failed check is a next step rather than a stack trace.
+
+The embedded model is reported from `/ready`'s `llm` component (its install step, or up with
+its speed, and whether its server answers); with no gateway to ask — a failed build stops
+`fleet up` — from the state `fleet up` left in `<data-dir>/llm/state.json`.
+"""
 
 import os
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,6 +17,8 @@ from rich.table import Table
 
 from fleet_cli.client import ClientError, Gateway, Target, find_target
 from fleet_cli.commands.common import DEFAULT_DATA_DIR, DataDir, call
+from fleet_cli.localllm.state import read_file
+from fleet_events.llm import local_state_line
 
 out = Console(highlight=False)
 
@@ -20,6 +28,9 @@ ADVICE = {
     "service": "read <data-dir>/logs/{name}.log for its last error; `fleet up` restarts a "
     "service that exits",
     "store": "run the bootstrap: restart `fleet up`, which creates every stream and bucket",
+    "llm": "the embedded model: its log is <data-dir>/logs/llm.log (install logs in "
+    "~/.cache/fleet-rlm/logs); `fleet up --llm none` runs without it, FLEET_LLM_MODEL points "
+    "the mesh at a real model (docs/local-llm.md)",
     "provider": "{name}'s API is failing (its circuit is open, so sandbox calls to it fail "
     "fast): check DAYTONA_API_KEY, DAYTONA_API_URL and DAYTONA_TARGET given to the sandbox "
     "broker and the service's status; sessions on the local provider are not affected",
@@ -32,7 +43,7 @@ DAYTONA_OFF = (
 
 def _advice(item: dict[str, Any]) -> str:
     kind = str(item.get("kind"))
-    if kind in ("nats", "service", "provider"):
+    if kind in ("nats", "service", "provider", "llm"):
         return ADVICE[kind].format(name=item.get("name"))
     return ADVICE["store"]
 
@@ -53,13 +64,24 @@ def component_rows(components: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
-async def _checks(target: Target, env: dict[str, str]) -> list[tuple[str, bool, str, str]]:
-    rows: list[tuple[str, bool, str, str]] = []
+def last_local_state(directory: Path) -> list[Row]:
+    """The embedded model as `fleet up` last wrote it, when the gateway cannot be asked."""
+    found = read_file(directory)
+    if found is None:
+        return []
+    line = f"last written by fleet up: {local_state_line(found)}"
+    advice = (found.advice or ADVICE["llm"]) if found.state != "up" else ""
+    return [("llm", found.state == "up", line, advice)]
+
+
+async def _checks(target: Target, env: dict[str, str], data_dir: Path) -> list[Row]:
+    rows: list[Row] = []
     async with Gateway(target, timeout=10) as gw:
         try:
             await gw.request("GET", "/health")
         except ClientError as exc:
-            return [("gateway", False, str(exc), "start the mesh: `fleet up` (or set FLEET_URL)")]
+            down = ("gateway", False, str(exc), "start the mesh: `fleet up` (or set FLEET_URL)")
+            return [down, *last_local_state(data_dir / "llm")]
         rows.append(("gateway", True, f"{target.url} answers /health", ""))
         try:
             me = await gw.json("GET", "/api/v1/auth/me")
@@ -76,7 +98,8 @@ async def _checks(target: Target, env: dict[str, str]) -> list[tuple[str, bool, 
                 ("ready", False, f"/ready did not answer JSON ({exc})", "see the gateway log")
             )
         rows += component_rows(components)
-    rows.append(await _llm(env))
+    if not any(item.get("kind") == "llm" for item in components):
+        rows.append(await _llm(env))  # no local model: probe the endpoint this shell names
     return rows
 
 
@@ -103,7 +126,7 @@ def doctor_command(data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
         target = find_target(data_dir.resolve())
     except ClientError as exc:
         target = Target(os.environ.get("FLEET_URL", "http://127.0.0.1:8080"), "", str(exc))
-    rows = call(_checks(target, dict(os.environ)))
+    rows = call(_checks(target, dict(os.environ), data_dir.resolve()))
     table = Table(title=f"fleet doctor: {target.url}", title_justify="left")
     for column in ("check", "state", "detail", "what to do"):
         table.add_column(column)

@@ -18,12 +18,14 @@ import httpx
 from nacl.public import PublicKey
 from nats.js import JetStreamContext
 
-from fleet_cli.localllm import profile, server
+from fleet_cli.localllm import profile, server, state
 from fleet_cli.localllm.errors import LocalLlmError
 from fleet_cli.localllm.install import ensure_installed
 from fleet_cli.localllm.paths import Cache
+from fleet_cli.localllm.state import StateReporter, measure_speed
 from fleet_cli.mesh import BeforeServices
 from fleet_cli.supervisor import Supervisor
+from fleet_events import streams
 from fleet_events.llm import check_profile_name
 from fleet_mesh.connection import connect
 from fleet_mesh.runtime_config import LlmConfig
@@ -38,6 +40,10 @@ log = logging.getLogger("fleet.llm")
 
 AUTO, LOCAL, NONE = "auto", "local", "none"
 LOAD_TIMEOUT_S = 120.0
+FAILED_ADVICE = (
+    "fix what the error names and start fleet up again; or start without the local model "
+    "(--llm none) or with a real one (FLEET_LLM_MODEL, docs/local-llm.md)"
+)
 
 
 class LlmUnavailable(LocalLlmError):
@@ -75,6 +81,7 @@ def secrets_env(data_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
 def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -> BeforeServices:
     async def before_services(nats_url: str, supervisor: Supervisor) -> dict[str, str]:
         if options.mode == NONE:
+            await _forget_local(nats_url, options.data_dir / "llm")
             say("LLM: none (--llm none): no model server started")
             return {}
         extra = secrets_env(options.data_dir, os.environ)
@@ -84,25 +91,41 @@ def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -
         nc = await connect(nats_url, name="fleet-up-llm")
         try:
             js = nc.jetstream()
+            kv = await js.key_value(streams.CONFIG.bucket)
             elsewhere = await _model_elsewhere(js, options.mode, public)
             if elsewhere:
+                await state.clear(kv, options.data_dir / "llm")
                 say(f"LLM: {elsewhere}")
                 return extra
+            reporter = StateReporter(options.data_dir / "llm", kv, asyncio.get_running_loop())
             try:
-                config = await start_local(options, supervisor, say, stop)
-            except LocalLlmError:
+                config = await start_local(options, supervisor, say, stop, reporter)
+            except LocalLlmError as exc:
                 if not stop.is_set():
+                    reporter.report("failed", str(exc), advice=FAILED_ADVICE)
+                    await reporter.flushed()
                     raise
+                reporter.report("stopped", "fleet up was stopped before the model was up")
+                await reporter.flushed()
                 say("LLM: stopped before the local model was up")  # Ctrl-C: a clean stop
                 return extra
             key = server.ensure_key(options.data_dir / "llm")
             for change in await profile.point_default_at(js, config.api_base, key, public):
                 log.info("seeded %s", change)
+            await reporter.flushed()
         finally:
             await nc.close()
         return extra
 
     return before_services
+
+
+async def _forget_local(nats_url: str, directory: Path) -> None:
+    nc = await connect(nats_url, name="fleet-up-llm")
+    try:
+        await state.clear(await nc.jetstream().key_value(streams.CONFIG.bucket), directory)
+    finally:
+        await nc.close()
 
 
 async def _model_elsewhere(js: JetStreamContext, mode: str, public: PublicKey) -> str | None:
@@ -127,18 +150,30 @@ async def _model_elsewhere(js: JetStreamContext, mode: str, public: PublicKey) -
 
 
 async def start_local(
-    options: LlmOptions, supervisor: Supervisor, say: Callable[[str], None], stop: asyncio.Event
+    options: LlmOptions,
+    supervisor: Supervisor,
+    say: Callable[[str], None],
+    stop: asyncio.Event,
+    reporter: StateReporter | None = None,
 ) -> server.ServerConfig:
     if _port_taken(options.port):
         raise LlmUnavailable(
             f"the local LLM port {options.port} on 127.0.0.1 is in use; pass --llm-port with a "
             "free port (0 picks one)"
         )
-    say("LLM: local (Qwen2.5-Coder-0.5B-Instruct on loopback); checking the install")
+
+    def progress(line: str) -> None:
+        say(line)
+        if reporter is not None:
+            reporter.report("building" if line.startswith("building") else "installing", line)
+
+    progress("LLM: local (Qwen2.5-Coder-0.5B-Instruct on loopback); checking the install")
     cancel = threading.Event()  # the install runs in a thread: a stop must reach its build
     relay = asyncio.create_task(_relay(stop, cancel))
     try:
-        installed = await asyncio.to_thread(ensure_installed, options.cache, say, cancel=cancel)
+        installed = await asyncio.to_thread(
+            ensure_installed, options.cache, progress, cancel=cancel
+        )
     finally:
         relay.cancel()
     key = server.ensure_key(options.data_dir / "llm")
@@ -146,9 +181,23 @@ async def start_local(
     (child,) = supervisor.launch(
         server.child_spec(config, key, options.data_dir / "logs" / "llm.log")
     )
+    if reporter is not None:
+        reporter.report("loading", "the server is loading the model", api_base=config.api_base)
     await wait_answering(config, key, lambda: child.alive() and not stop.is_set(), LOAD_TIMEOUT_S)
-    say(f"LLM: local model server answering on {config.api_base}")
+    speed = await _speed(config, key)
+    if reporter is not None:
+        reporter.report("up", "answering", api_base=config.api_base, speed=speed)
+    shown = f" (first token {speed[0]:.0f} ms, {speed[1]:.1f} tokens/s)" if speed else ""
+    say(f"LLM: local model server answering on {config.api_base}{shown}")
     return config
+
+
+async def _speed(config: server.ServerConfig, key: str) -> tuple[float, float] | None:
+    try:
+        return await measure_speed(config, key)
+    except (httpx.HTTPError, ValueError) as exc:  # a speed we cannot tell is no failure
+        log.warning("could not measure the local model's speed: %s", type(exc).__name__)
+        return None
 
 
 def _port_taken(port: int) -> bool:

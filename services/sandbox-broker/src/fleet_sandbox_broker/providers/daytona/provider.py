@@ -203,8 +203,9 @@ def __fleet_run(code, slot, token, variables, tools, declared):
     if sub:
         answer = {"kind": "final", "value": sub[0]}
     # the answer, framed by this execution's token, after everything the cell printed
-    out.write("\x00fleet-answer:" + token + ":" + __fj.dumps(answer, default=repr)
-              + ":" + token + "\x00")
+    # (printable ASCII: no control characters for a kernel's stream to mangle)
+    out.write("[fleet-answer " + token + "]" + __fj.dumps(answer, default=repr)
+              + "[/fleet-answer " + token + "]")
     out.flush()
 """
 HELPER_NAME = "__fleet_run_" + hashlib.sha256(_HELPER.encode()).hexdigest()[:12]
@@ -236,7 +237,7 @@ def _answer(stdout: str, token: str) -> tuple[dict[str, Any] | None, str]:
     without it. The cell could print a frame of its own (it can read its token), but it can
     only choose its own answer that way, which SUBMIT lets it do anyway: identity comes from
     the sandbox the output was read from, never from the output."""
-    begin, end = f"\x00fleet-answer:{token}:", f":{token}\x00"
+    begin, end = f"[fleet-answer {token}]", f"[/fleet-answer {token}]"
     at = stdout.rfind(begin)
     stop = stdout.find(end, at + len(begin)) if at >= 0 else -1
     if stop < 0:

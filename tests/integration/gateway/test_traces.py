@@ -63,6 +63,9 @@ class Receiver:
 
     url: str
     requests: list[tuple[str, ExportTraceServiceRequest]] = field(default_factory=list)
+    refuse: int = 0
+    """Answer this many of the next requests 503, as a collector that is down would."""
+    refused: int = 0
 
     def spans(self, content_type: str) -> dict[bytes, Any]:
         return {
@@ -95,6 +98,10 @@ async def receiver() -> AsyncIterator[Receiver]:
     async def traces(request: web.Request) -> web.Response:
         kind = request.content_type
         body = await request.read()
+        if got.refuse > 0:
+            got.refuse -= 1
+            got.refused += 1
+            return web.Response(status=503, text="collector unavailable")
         if kind == "application/x-protobuf":
             message = ExportTraceServiceRequest.FromString(body)
         elif kind == "application/json":
@@ -318,3 +325,22 @@ async def test_two_gateway_replicas_export_each_ended_turn_once(
 
                 await eventually(exported, timeout=30, what="the turn's live export")
     assert [exports_of(t) for t in traces] == [1, 1]
+
+
+async def test_a_collector_that_refuses_gets_the_trace_once_it_answers(
+    api: Api, receiver: Receiver
+) -> None:
+    """The live export acks a turn's message only after a 2xx: a collector answering 503
+    twice still gets the trace, on the third delivery (the retry delay grows: 1 s, then 2 s)."""
+    receiver.refuse = 2
+    tenant = tenant_id()
+    with ScriptedLM(script) as fake:
+        sid, _ = await _recursive_turn(api, tenant, fake)
+    listed = await api.call("GET", f"/api/v1/sessions/{sid}/traces", tenant)
+    trace = listed.json()["items"][0]["trace_id"]
+
+    async def delivered() -> bool:
+        return any(s.trace_id.hex() == trace for s in receiver.spans("application/json").values())
+
+    await eventually(delivered, timeout=30, what="the trace after the collector came back")
+    assert receiver.refused == 2

@@ -28,6 +28,7 @@ from fleet_events.run import (
 )
 from fleet_events.session import TurnCompleted, TurnRequested, TurnStarted
 from fleet_gateway.traces import otlp
+from fleet_gateway.traces.export import OtlpTarget
 from fleet_gateway.traces.tree import Trace, build, trace_id
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -213,3 +214,22 @@ def test_the_otlp_form_parses_as_opentelemetry_proto_with_genai_attributes() -> 
     assert resource["service.instance.id"] == "gw-1"
     turn = next(s for s in spans if not s.parent_span_id)
     assert turn.end_time_unix_nano - turn.start_time_unix_nano == 160 * 10**6
+
+
+def test_the_collector_is_named_from_otels_variables_and_logged_without_credentials() -> None:
+    assert OtlpTarget.from_env({}) is None
+    base = OtlpTarget.from_env(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://u:pw@collector:4318/",
+         "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cret, x-team = a,broken"}
+    )  # fmt: skip
+    assert base is not None
+    assert base.url == "https://u:pw@collector:4318/v1/traces"
+    assert base.headers == {"authorization": "Bearer s3cret", "x-team": "a"}
+    assert base.shown == "https://collector:4318/v1/traces"
+    own = OtlpTarget.from_env(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://ignored:1",
+         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/custom?token=t"}
+    )  # fmt: skip
+    assert own is not None
+    assert own.url == "http://c:4318/custom?token=t"
+    assert "token" not in own.shown

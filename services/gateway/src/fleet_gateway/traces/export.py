@@ -17,6 +17,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from nats.aio.msg import Msg
@@ -77,6 +78,14 @@ class OtlpTarget:
                 headers[key.strip()] = value.strip()
         return cls(url=url, headers=headers)
 
+    @property
+    def shown(self) -> str:
+        """The URL as logs show it: no user, password or query (a token may ride in any)."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{host}{port}{parts.path}"
+
 
 class ExportFailed(Exception):
     pass
@@ -136,17 +145,19 @@ class LiveExporter:
         try:
             await self.export_turn(client, msg.data, msg.subject)
         except (ExportFailed, StoreError, CodecError, httpx.HTTPError) as exc:
+            # an HTTP client error may quote the URL, credentials and all: only its kind
+            error = str(exc)[:300] if isinstance(exc, ExportFailed) else type(exc).__name__
             tries = msg.metadata.num_delivered
             if tries >= MAX_DELIVER:
                 log.error(
                     "trace not exported; giving up",
-                    extra={"subject": msg.subject, "tries": tries, "error": str(exc)[:300]},
+                    extra={"subject": msg.subject, "tries": tries, "error": error},
                 )
                 await msg.term()
                 return
             log.warning(
                 "trace export failed; will retry",
-                extra={"subject": msg.subject, "tries": tries, "error": str(exc)[:300]},
+                extra={"subject": msg.subject, "tries": tries, "error": error},
             )
             await msg.nak(delay=min(30.0, 0.5 * 2**tries))
             return
@@ -163,7 +174,7 @@ class LiveExporter:
         body = otlp.export_request([trace], service_version=self._version, replica=self._replica)
         response = await client.post(self._target.url, json=body, headers=self._target.headers)
         if response.status_code // 100 != 2:
-            raise ExportFailed(f"{self._target.url} answered {response.status_code}")
+            raise ExportFailed(f"{self._target.shown} answered {response.status_code}")
         self.exported += 1
 
 
@@ -177,7 +188,7 @@ async def start(
         return None
     exporter = LiveExporter(js, store, codec, target, replica=replica, version=version)
     task = asyncio.create_task(_supervised(exporter))
-    log.info("exporting traces live", extra={"url": target.url})
+    log.info("exporting traces live", extra={"url": target.shown})
 
     async def stop() -> None:
         exporter.stop()

@@ -199,7 +199,10 @@ def test_the_otlp_form_parses_as_opentelemetry_proto_with_genai_attributes() -> 
     assert {(a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) for a in chat} == {
         (100, 10)
     }
+    assert all(a["openinference.span.kind"] == "LLM" for a in chat)
+    assert {a["llm.token_count.total"] for a in chat} == {110}
     agents = [attrs(s) for s in spans if s.name == "invoke_agent rlm"]
+    assert {a["openinference.span.kind"] for a in agents} == {"AGENT"}
     assert sorted(a["gen_ai.agent.id"] for a in agents) == sorted([ROOT, KID_A, KID_B])
     tool = next(attrs(s) for s in spans if s.name == "execute_tool sub_rlm_batched")
     assert (tool["gen_ai.operation.name"], tool["gen_ai.tool.call.id"]) == (

@@ -1,7 +1,8 @@
 """Traces as an OTLP/JSON `ExportTraceServiceRequest`, with the OpenTelemetry GenAI semantic
 conventions (`gen_ai.*`), so Jaeger, Phoenix or any OTLP receiver show a recursive turn as one
 trace: the turn `invoke_workflow`, each run `invoke_agent`, each model call `chat`, each host
-tool and code cell `execute_tool`.
+tool and code cell `execute_tool`. Phoenix's OpenInference names (`openinference.span.kind`,
+`llm.token_count.*`) ride along, so it shows kinds and usage without a conversion.
 
 OTLP/JSON's own rules, not protobuf's generic JSON mapping: trace and span ids are lowercase
 hex (32 and 16 characters), 64-bit integers (times, token counts) are decimal strings, enums are
@@ -79,8 +80,38 @@ def gen_ai(span: Span, trace: Trace) -> dict[str, Attr]:
     return attrs
 
 
+_OPENINFERENCE = {
+    "turn": "CHAIN",
+    "iteration": "CHAIN",
+    "run": "AGENT",
+    "child": "AGENT",
+    "llm": "LLM",
+    "tool": "TOOL",
+    "cell": "TOOL",
+}
+
+
+def openinference(span: Span) -> dict[str, Attr]:
+    """What Phoenix (OpenInference) reads to show a span's kind and a model call's usage,
+    beside the GenAI names; `gen_ai.system` for consumers older than `gen_ai.provider.name`."""
+    attrs: dict[str, Attr] = {"openinference.span.kind": _OPENINFERENCE[span.kind]}
+    if span.kind == "llm":
+        model = str(span.attributes.get("fleet.llm.model", ""))
+        attrs.update(
+            {"llm.model_name": model, "llm.provider": provider(model),
+             "gen_ai.system": provider(model), "llm.token_count.prompt": span.tokens_in,
+             "llm.token_count.completion": span.tokens_out,
+             "llm.token_count.total": span.tokens_in + span.tokens_out}
+        )  # fmt: skip
+    elif span.kind == "tool":
+        attrs["tool.name"] = str(span.attributes.get("fleet.tool.name", ""))
+    elif span.kind == "cell":
+        attrs["tool.name"] = "code_cell"
+    return attrs
+
+
 def otlp_span(span: Span, trace: Trace, last: datetime) -> dict[str, Any]:
-    attrs: dict[str, Attr] = {**span.attributes, **gen_ai(span, trace)}
+    attrs: dict[str, Attr] = {**span.attributes, **openinference(span), **gen_ai(span, trace)}
     attrs.update({"fleet.span.kind": span.kind, "fleet.cost_usd": round(span.cost, 8)})
     if span.kind != "llm":  # the subtree's totals; only a model call carries gen_ai.usage
         attrs.update(

@@ -217,6 +217,14 @@ class Channel:
     payload: type[Any] | None = None
 
 
+CELL_OUTPUT_PATTERN = "fleet.callback.{interpreter}.output"
+
+
+def cell_output_subject(interpreter: str) -> str:
+    """Where the broker sends what a running cell of `interpreter`'s contexts prints."""
+    return f"{subjects.callback(interpreter)}.output"
+
+
 class LiveDelta(msgspec.Struct, frozen=True, kw_only=True):
     """An unpersisted delta (a streamed token, a stdout chunk); the persisted event follows."""
 
@@ -275,7 +283,7 @@ CHANNELS: tuple[Channel, ...] = (
         payload=LiveDelta,
     ),
     Channel(
-        "cell-output", "fleet.callback.{interpreter}.output", "live", None,
+        "cell-output", CELL_OUTPUT_PATTERN, "live", None,
         "what a running cell prints, from the broker holding its sandbox to the interpreter "
         "owning its context, at most every 100 ms (the agent relays it as `cell_output` live "
         "deltas); the cell's reply carries all of it",

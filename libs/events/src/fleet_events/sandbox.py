@@ -409,11 +409,6 @@ class ToolReply(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""
 
 
-def cell_output_subject(interpreter: str) -> str:
-    """Where the broker sends what a running cell of `interpreter`'s context prints."""
-    return f"fleet.callback.{check_id('interpreter', interpreter)}.output"
-
-
 class CellOutput(msgspec.Struct, frozen=True, kw_only=True):
     """What a running cell printed since the last one (a preview, published while the cell
     runs; the cell's reply and its `run.cell_executed` carry all of its output). `seq`

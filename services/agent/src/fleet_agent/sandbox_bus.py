@@ -208,7 +208,7 @@ class SandboxBus:
             delta = verbs.LiveDelta(kind="cell_output", run=run, text=chunk.text)
             await nc.publish(live_subject, _encoder.encode(delta))
 
-        subject = sb.cell_output_subject(interpreter)
+        subject = verbs.cell_output_subject(interpreter)
         return self.run(self.nc.subscribe(subject, cb=on_chunk), timeout=10)
 
     def unsubscribe(self, subscription: Subscription) -> None:

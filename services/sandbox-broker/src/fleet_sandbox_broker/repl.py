@@ -94,7 +94,7 @@ class Repl:
         """A running cell's output, published (core NATS, no reply) to the interpreter that
         owns its context: unpersisted, and lost if nobody listens, as a preview may be."""
         nc = self.b.ctx.nc
-        subject = sb.cell_output_subject(interpreter)
+        subject = bus.cell_output_subject(interpreter)
         seq = 0
 
         async def publish(text: str) -> None:

@@ -2,6 +2,7 @@
 part order and refusing anything that is not the model, the build's tool check, the lock, the
 API key file and the server's command line."""
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -238,3 +239,12 @@ def test_the_key_reaches_the_server_in_its_environment_never_its_command_line(
     assert args["--n_ctx"] == "8192"
     assert args["--logits_all"] == "False"
     assert os.environ["OPENAI_API_KEY"] == "sk-planted"  # untouched in the parent
+
+
+def test_the_server_keeps_a_ram_prompt_cache_unless_told_not_to(tmp_path: Path) -> None:
+    config = server.ServerConfig(model=tmp_path / "m.gguf", port=8181, python=sys.executable)
+    args = dict(zip(server.argv(config)[3::2], server.argv(config)[4::2], strict=True))
+    assert (args["--cache"], args["--cache_type"]) == ("True", "ram")
+    assert args["--cache_size"] == str(server.PROMPT_CACHE_BYTES)
+    without = dataclasses.replace(config, prompt_cache_bytes=0)
+    assert "--cache" not in server.argv(without)  # bench/llm.py's "off" side

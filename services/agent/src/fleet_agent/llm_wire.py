@@ -37,7 +37,11 @@ _TYPED = {
 
 def output_fields(request: Request) -> list[tuple[str, str | None]]:
     """(name, simple type or None) of each output field the chat adapter asks for, in order."""
-    text = last_user_text(request)
+    return fields_in(last_user_text(request))
+
+
+def fields_in(text: str) -> list[tuple[str, str | None]]:
+    """The output fields the chat adapter's reminder in `text` names (none without one)."""
     start = text.rfind(REMINDER)
     if start < 0:
         return []
@@ -93,4 +97,11 @@ def for_server(request: Request, profile: LlmProfile) -> Request:
     return dataclasses.replace(request, config=dataclasses.replace(config, **changes))
 
 
-__all__ = ["REMINDER", "chat_grammar", "for_server", "last_user_text", "output_fields"]
+__all__ = [
+    "REMINDER",
+    "chat_grammar",
+    "fields_in",
+    "for_server",
+    "last_user_text",
+    "output_fields",
+]

@@ -81,10 +81,21 @@ def argv(config: ServerConfig) -> tuple[str, ...]:
         # off: per-token logits for the whole prompt cost 2.1 GB RSS instead of 0.8 GB, and
         # nothing here asks for prompt logprobs
         "--logits_all", "False",
-        "--cache", "True",
-        "--cache_type", "ram",
-        "--cache_size", str(config.prompt_cache_bytes),
+        *_cache_flags(config),
     )  # fmt: skip
+
+
+def _cache_flags(config: ServerConfig) -> tuple[str, ...]:
+    if config.prompt_cache_bytes <= 0:  # the server's default: only the last request's state
+        return ()
+    return (
+        "--cache",
+        "True",
+        "--cache_type",
+        "ram",
+        "--cache_size",
+        str(config.prompt_cache_bytes),
+    )
 
 
 def child_spec(config: ServerConfig, key: str, log_path: Path) -> ChildSpec:

@@ -16,13 +16,15 @@ from fleet_events.bus import Ping
 from fleet_events.codec import Codec
 from fleet_events.envelope import new_id
 from fleet_harness.procs import Replica, start_answering
+from fleet_harness.waits import eventually_sync
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.rpc import RemoteError
-from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.store import EventStore
 
-from ..sandbox.provider_kit import uid_block
+from ..sandbox.provider_kit import set_provider, uid_block
+
+RECORD_S = 1.0  # a refusal is recorded at most once per this, per tenant (60 s by default)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,7 @@ def local_only(
             "FLEET_SANDBOX_VOLUMES": str(root / "volumes"),
             "FLEET_SANDBOX_UID_BASE": str(uid_block(361000)),
             "FLEET_SANDBOX_UID_COUNT": "16",
+            "FLEET_SANDBOX_REFUSAL_RECORD_S": str(RECORD_S),
         },
     )
     yield replica
@@ -64,11 +67,7 @@ def stored(bus: SandboxBus) -> list[Any]:
 def test_a_tenant_set_to_daytona_without_daytona_is_refused_naming_what_to_set(
     tenant: SandboxBus,
 ) -> None:
-    async def put() -> None:
-        config = await RuntimeConfig.open(tenant.nc.jetstream())
-        await config.set("sandbox_provider", "daytona", tenant=tenant.tenant)
-
-    tenant.run(put(), timeout=10)
+    set_provider(tenant, "daytona")
     held = tenant.call(verbs.ping("sandbox-broker"), Ping(), timeout=5).details["sandboxes"]
     with pytest.raises(RemoteError) as refused:
         tenant.create_sandbox(labels={"session": "s1"})
@@ -92,3 +91,30 @@ def test_the_daytona_probe_says_not_configured(tenant: SandboxBus) -> None:
     assert (probe.ok, probe.preflight_ok, probe.configured) == (False, False, False)
     assert probe.error == "not configured"
     assert "DAYTONA_API_KEY" in probe.guidance[0]
+
+
+def test_refusals_are_all_answered_and_recorded_at_most_once_per_interval(
+    tenant: SandboxBus,
+) -> None:
+    """A tenant that keeps asking cannot grow the log without bound: every create is refused,
+    one is recorded per interval, and the next record counts those in between."""
+    set_provider(tenant, "daytona")
+    for _ in range(3):
+        with pytest.raises(RemoteError, match="DAYTONA_API_KEY"):
+            tenant.create_sandbox()
+    (first,) = stored(tenant)
+    assert first.unrecorded == 0
+    asked = [3]
+
+    def recorded_again() -> list[Any] | None:
+        with pytest.raises(RemoteError, match="DAYTONA_API_KEY"):
+            tenant.create_sandbox()
+        asked[0] += 1
+        found = stored(tenant)
+        return found if len(found) == 2 else None
+
+    _, second = eventually_sync(recorded_again, timeout=RECORD_S + 10, interval=0.1,
+                                what="a refusal recorded once the interval passed")  # fmt: skip
+    assert isinstance(second, sb.CreateRefused)
+    assert second.unrecorded == asked[0] - 2  # all but the two recorded
+    assert second.unrecorded >= 2

@@ -931,7 +931,9 @@ export interface SandboxReplaced {
 /**
  * A well-formed create the broker declined: the tenant's provider (`sandbox_provider`)
  * is not configured on the broker. `sandbox` is the id it would have had (the subject key);
- * nothing was started.
+ * nothing was started. At most one is recorded per tenant and replica per
+ * FLEET_SANDBOX_REFUSAL_RECORD_S: `unrecorded` counts the refusals answered since the last
+ * one recorded and not recorded themselves (a tenant cannot grow the log without bound).
  *
  * This interface was referenced by `Envelope`'s JSON-Schema
  * via the `definition` "CreateRefused".
@@ -944,6 +946,7 @@ export interface CreateRefused {
   reason: string;
   sandbox: string;
   type: "sandbox.create_refused";
+  unrecorded?: number;
 }
 /**
  * The provider archived the sandbox (its files kept in the provider's cold storage, nothing

@@ -137,12 +137,15 @@ class SandboxReplaced(Event, frozen=True, kw_only=True, tag="sandbox.replaced"):
 class CreateRefused(Event, frozen=True, kw_only=True, tag="sandbox.create_refused"):
     """A well-formed create the broker declined: the tenant's provider (`sandbox_provider`)
     is not configured on the broker. `sandbox` is the id it would have had (the subject key);
-    nothing was started."""
+    nothing was started. At most one is recorded per tenant and replica per
+    FLEET_SANDBOX_REFUSAL_RECORD_S: `unrecorded` counts the refusals answered since the last
+    one recorded and not recorded themselves (a tenant cannot grow the log without bound)."""
 
     sandbox: str
     provider: str
     reason: str
     labels: dict[str, str] = {}
+    unrecorded: int = 0
 
 
 class SandboxArchived(Event, frozen=True, kw_only=True, tag="sandbox.archived"):

@@ -7,6 +7,7 @@ them, one writer per sandbox subject.
 """
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,8 @@ class Broker:
         self.provider = provider
         self.providers: dict[str, Provider] = {provider.name: provider, **(providers or {})}
         self._config_kv: KeyValue | None = None
+        # per tenant: when a create refusal was last recorded, and how many were answered since
+        self._refusals: dict[str, tuple[float | None, int]] = {}
         self.store = store
         self.blobs = blobs
         self.settings = settings
@@ -162,11 +165,24 @@ class Broker:
     async def refuse_create(
         self, tenant: str, labels: dict[str, str], refused: ProviderNotConfigured
     ) -> None:
-        """Record a create the deployment declined, on the subject the sandbox would have had."""
+        """Record a create the deployment declined, on the subject the sandbox would have had:
+        the first, then at most one per `refusal_record_s` per tenant (counting those between),
+        so a tenant that keeps asking cannot grow the log without bound."""
+        now = time.monotonic()
+        last, unrecorded = self._refusals.get(tenant, (None, 0))
+        if last is not None and now - last < self.settings.refusal_record_s:
+            self._refusals[tenant] = (last, unrecorded + 1)
+            self.ctx.log.warning(
+                "sandbox create refused; recorded once per interval",
+                extra={"tenant": tenant, "provider": refused.provider},
+            )
+            return
+        self._refusals[tenant] = (now, 0)
         sandbox = new_id()
         event = sb.CreateRefused(
-            sandbox=sandbox, provider=refused.provider, reason=refused.message, labels=labels
-        )
+            sandbox=sandbox, provider=refused.provider, reason=refused.message, labels=labels,
+            unrecorded=unrecorded,
+        )  # fmt: skip
         await self.append(tenant, sandbox, event, labels)
 
     # -- what this replica holds ----------------------------------------------------------------

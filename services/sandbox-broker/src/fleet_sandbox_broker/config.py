@@ -102,6 +102,9 @@ class BrokerSettings(BaseSettings):
     daytona_deadline_s: float = Field(default=60.0, gt=0)
     # how long an open circuit fails calls fast before one is let through again
     daytona_circuit_cool_s: float = Field(default=30.0, gt=0)
+    # a refused create (the tenant's provider is not configured here) is answered every time
+    # and recorded as sandbox.create_refused at most once per this many seconds per tenant
+    refusal_record_s: float = Field(default=60.0, ge=0)
 
     @model_validator(mode="after")
     def _defaults_within_bounds(self) -> Self:

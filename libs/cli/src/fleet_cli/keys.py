@@ -18,7 +18,13 @@ from pathlib import Path
 from fleet_events import streams
 from fleet_events.signing import APPEND, CHECKPOINT, SIGNING_KEY_ENV, KeySet, Signer, SigningError
 from fleet_events.subjects import SERVICES
-from fleet_mesh.checkpoints import INTERVAL_ENV, KEYSET_ENV, Checkpointer, checkpoint_file
+from fleet_mesh.checkpoints import (
+    INTERVAL_ENV,
+    KEYSET_ENV,
+    Checkpointer,
+    checkpoint_file,
+    serve_purges,
+)
 from fleet_mesh.connection import connect
 from fleet_mesh.store import open_store
 
@@ -87,9 +93,11 @@ async def checkpointing(
         checkpointer = Checkpointer(store, streams.SESSIONS, signer, keys, path, js=js)
         period = interval_s if interval_s is not None else _interval()
         task = asyncio.create_task(checkpointer.run(period, stop))
+        purges = await serve_purges(nc, checkpointer)  # admins' purges, via the gateway
         try:
             yield checkpointer
         finally:
+            await purges.stop()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

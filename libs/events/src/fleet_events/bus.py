@@ -362,3 +362,12 @@ ARCHIVE_SANDBOX = _sandbox(
 )  # fmt: skip
 
 VERBS = (*VERBS, ARCHIVE_SANDBOX)
+
+# -- the checkpointer (a role of `fleet up`'s process, holding the checkpoint key) -------------
+
+PURGE_SESSION: Verb[session.PurgeSession, session.PurgeReceipt] = Verb(
+    "checkpointer", "purge", session.PurgeSession, session.PurgeReceipt, "service",
+    "purge a tombstoned session's subjects behind a signed receipt (an admin's, via the gateway)",
+)  # fmt: skip
+
+VERBS = (*VERBS, PURGE_SESSION)

@@ -409,6 +409,44 @@ class TraceFeedbackRecorded(Event, frozen=True, kw_only=True, tag="trace.feedbac
     user: str = ""
 
 
+class SessionPurged(Event, frozen=True, kw_only=True, tag="session.purged"):
+    """A deleted session's events were removed by an admin (`POST /api/v1/sessions/{id}/purge`):
+    `purged` names each subject's last sequence and hash as the checkpointer's signed receipt
+    `receipt` (digest `receipt_digest`) pinned them before purging. Stored on the session's
+    `.run.purge` subject, so its `.log` stays empty (the session is gone: 404); read models
+    drop the session's rows."""
+
+    receipt: int
+    receipt_digest: str
+    purged: dict[str, tuple[int, str]]
+    by: str
+    reason: str = ""
+
+
+# -- the checkpointer's purge verb (`fleet_events.bus.PURGE_SESSION`) --------------------------
+
+
+class PurgeSession(msgspec.Struct, frozen=True, kw_only=True):
+    """Purge every subject of a tombstoned session behind a signed receipt (the checkpointer
+    refuses a session whose log does not end with `session.deleted`)."""
+
+    request_id: str
+    tenant: str
+    session: str
+    by: str
+    reason: str = ""
+
+
+class PurgeReceipt(msgspec.Struct, frozen=True, kw_only=True):
+    """The signed checkpoint that accounts for what was purged: its number and digest, the
+    subjects it names with their last sequence and hash, and the checkpoint key's id."""
+
+    receipt: int
+    digest: str
+    purged: dict[str, tuple[int, str]]
+    key: str
+
+
 EVENTS: tuple[type[Event], ...] = (
     SessionCreated,
     SessionRenamed,
@@ -422,4 +460,5 @@ EVENTS: tuple[type[Event], ...] = (
     SnapshotTaken,
     *STATE_EVENTS,
     TraceFeedbackRecorded,
+    SessionPurged,
 )

@@ -10,11 +10,16 @@
 from fleet_events.ids import check_id
 
 SERVICES = ("gateway", "agent", "sandbox-broker", "budget", "quality")
+ROLES = ("checkpointer",)
+"""Processes that serve verbs but are no service (no ping, no readiness probe): the
+checkpointer holds the checkpoint key no service holds (docs/audit.md)."""
 
 
 def _service(service: str) -> str:
-    if service not in SERVICES:
-        raise ValueError(f"unknown service {service!r}: expected one of {', '.join(SERVICES)}")
+    if service not in SERVICES and service not in ROLES:
+        raise ValueError(
+            f"unknown service {service!r}: expected one of {', '.join(SERVICES + ROLES)}"
+        )
     return service
 
 

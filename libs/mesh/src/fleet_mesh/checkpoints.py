@@ -5,8 +5,10 @@ signature, against the pinned key set) and, each period, appends one `Checkpoint
 heads that moved, chained to the one before and signed with the checkpoint key, to a file
 under the data dir that only this process writes. A rewrite before a checkpoint (a purge and
 a re-signed chain, by a holder of a service key) no longer holds the pinned sequences and
-hashes, so the verifier names it. An admin purge goes through `purge`: a receipt in a signed
-checkpoint first, then the purge, so the removed events stay accounted for.
+hashes, so the verifier names it. An admin purge goes through `purge` (one subject) or
+`purge_session` (every subject of a deleted session, served to the gateway as
+`fleet_events.bus.PURGE_SESSION` by `serve_purges`): a receipt in a signed checkpoint
+first, then the purge, so the removed events stay accounted for.
 
 Run as its own process (`python -m fleet_mesh.checkpoints`), the only one given the key.
 """
@@ -17,10 +19,12 @@ import logging
 import os
 from pathlib import Path
 
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from fleet_events import streams, utc_now
+from fleet_events import bus, streams, utc_now
 from fleet_events.chain import HASH_HEADER, PREV_HEADER, ChainVerifier
+from fleet_events.session import PurgeReceipt, PurgeSession, log_subject, session_filter
 from fleet_events.signing import (
     CHECKPOINT,
     GENESIS_CHECKPOINT,
@@ -33,6 +37,7 @@ from fleet_events.signing import (
     checkpoint_chain_problem,
 )
 from fleet_events.streams import StreamSpec
+from fleet_mesh import rpc
 from fleet_mesh.store import EventStore
 from fleet_mesh.store.headers import MSG_ID
 
@@ -52,6 +57,10 @@ def read_checkpoints(path: Path) -> list[Checkpoint]:
     if not path.exists():
         return []
     return [Checkpoint.parse(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+class PurgeRefused(Exception):
+    """A purge the checkpointer declines (the session is not tombstoned), with why."""
 
 
 class Checkpointer:
@@ -87,6 +96,7 @@ class Checkpointer:
                 self._heads.pop(subject, None)
             self._heads.update({s: h for s, (_, h) in cp.heads.items()})
         self._refused: set[str] = set()
+        self._lock = asyncio.Lock()  # a purge and the periodic checkpoint never interleave
 
     @property
     def number(self) -> int:
@@ -112,6 +122,10 @@ class Checkpointer:
         """Read what landed since the last checkpoint; sign the heads that moved (None: none
         did). An event that fails its chain or signature is logged and never checkpointed, and
         its subject is left out from then on: the checkpointer vouches only for what verifies."""
+        async with self._lock:
+            return await self._checkpoint()
+
+    async def _checkpoint(self) -> Checkpoint | None:
         verifier = ChainVerifier(trust_first=False, keys=self._keys, heads=dict(self._heads))
         verifier.last_seq = self._upto
         moved: dict[str, tuple[int, str]] = {}
@@ -138,12 +152,45 @@ class Checkpointer:
     async def purge(self, subject: str) -> Checkpoint:
         """An admin purge that stays verifiable: checkpoint what is there, sign a receipt for
         the subject's head, then purge. The subject's next event starts a new chain."""
-        await self.checkpoint()
+        async with self._lock:
+            return await self._purge(subject)
+
+    async def _purge(self, subject: str) -> Checkpoint:
+        await self._checkpoint()
         head = await self._store.head(subject)
         receipt = self._write({}, {subject: (head.seq, head.hash)})
         await self._js.purge_stream(self._stream, subject=subject)
         self._heads.pop(subject, None)
         self._refused.discard(subject)
+        return receipt
+
+    async def purge_session(self, tenant: str, session: str) -> Checkpoint:
+        """Every subject of a tombstoned session (its log and its runs) purged behind one
+        receipt. Refused (`PurgeRefused`) unless the log's last event is `session.deleted`:
+        whoever can reach this on the bus can only purge what its owner already deleted."""
+        async with self._lock:
+            return await self._purge_session(tenant, session)
+
+    async def _purge_session(self, tenant: str, session: str) -> Checkpoint:
+        log_ = log_subject(tenant, session)
+        last = await self._store.last(log_)
+        kind = None if last is None else last.envelope.data.__struct_config__.tag
+        if kind != "session.deleted":
+            raise PurgeRefused(
+                f"session {session!r} of tenant {tenant!r} is "
+                + ("not there" if last is None else f"not deleted (its log ends with {kind})")
+                + ": only a deleted session is purged; delete it first"
+            )
+        await self._checkpoint()
+        where = session_filter(tenant, session)
+        info = await self._js.stream_info(self._stream, subjects_filter=where)
+        subjects = sorted((info.state.subjects or {}).keys())
+        heads = {s: await self._store.head(s) for s in subjects}
+        receipt = self._write({}, {s: (h.seq, h.hash) for s, h in heads.items()})
+        for subject in subjects:
+            await self._js.purge_stream(self._stream, subject=subject)
+            self._heads.pop(subject, None)
+            self._refused.discard(subject)
         return receipt
 
     async def run(self, interval_s: float, stop: asyncio.Event) -> None:
@@ -154,6 +201,29 @@ class Checkpointer:
                 log.warning("checkpoint failed", exc_info=True)
             with contextlib.suppress(TimeoutError):  # the period passed with no stop asked
                 await asyncio.wait_for(stop.wait(), interval_s)
+
+
+async def serve_purges(nc: Client, checkpointer: Checkpointer) -> rpc.Served:
+    """Answer `fleet_events.bus.PURGE_SESSION` (the gateway asks it for an admin) from the
+    one process that holds the checkpoint key. A session that is not deleted is refused
+    with `bad_request` naming why; nothing is purged then."""
+
+    async def purge(request: PurgeSession) -> PurgeReceipt:
+        try:
+            receipt = await checkpointer.purge_session(request.tenant, request.session)
+        except PurgeRefused as exc:
+            raise rpc.BadRequest(str(exc)) from None
+        log.info(
+            "purged session %s of %s for %s (receipt %d)", request.session, request.tenant,
+            request.by, receipt.number,
+        )  # fmt: skip
+        return PurgeReceipt(
+            receipt=receipt.number, digest=receipt.digest(),
+            purged={s: (seq, h) for s, (seq, h) in receipt.purged.items()},
+            key=receipt.key_id,
+        )  # fmt: skip
+
+    return await rpc.serve_verb(nc, bus.PURGE_SESSION, purge, concurrency=1)
 
 
 def _settings() -> tuple[Signer, KeySet, Path]:
@@ -177,9 +247,11 @@ async def main() -> None:  # pragma: no cover - the process entry point
     path = checkpoint_file(directory, streams.SESSIONS.name)
     checkpointer = Checkpointer(store, streams.SESSIONS, signer, keys, path, js=js)
     stop = asyncio.Event()
+    purges = await serve_purges(nc, checkpointer)
     try:
         await checkpointer.run(float(os.environ.get(INTERVAL_ENV, "10")), stop)
     finally:
+        await purges.stop()
         await nc.close()
 
 

@@ -33,6 +33,7 @@ from fleet_events.session import (
     SessionDeleted,
     SessionImage,
     SessionImported,
+    SessionPurged,
     SessionRenamed,
     SessionRestored,
     TurnCancelled,
@@ -47,6 +48,9 @@ CORE_BLOCKS = ("persona", "human", "scratchpad")
 CANCELLED_MARK = "[cancelled]"
 
 _encoder = msgspec.json.Encoder()
+
+PURGED_TABLES = ("sessions", "turns", "model_stats")
+"""Every table keyed by (tenant, session): what `session.purged` removes."""
 
 
 def _encode(value: object) -> str:
@@ -293,13 +297,20 @@ def apply(
 ) -> None:
     """Fold one stored event into the read models (inside the batch's transaction).
 
-    `known`: sessions whose row exists already (rows are never removed), so the common event
-    costs one statement instead of three; the caller clears it when a batch rolls back."""
+    `known`: sessions whose row exists already (only a purge removes rows, and takes the
+    session out of it), so the common event costs one statement instead of three; the caller
+    clears it when a batch rolls back."""
     place = where(subject)
     if place is None:
         return
     tenant, session, is_log = place
     key = (tenant, session)
+    if isinstance(env.data, SessionPurged):  # an admin purged its events: its rows go too
+        for table in PURGED_TABLES:
+            cur.execute(f"DELETE FROM {table} WHERE tenant=? AND session=?", key)  # noqa: S608
+        if known is not None:
+            known.discard(key)
+        return
     seen = known is not None and key in known
     if not is_log:
         if (

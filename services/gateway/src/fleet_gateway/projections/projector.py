@@ -46,6 +46,7 @@ READ_TYPES = frozenset(
         "session.created",
         "session.renamed",
         "session.deleted",
+        "session.purged",
         "session.imported",
         "session.restored",
         "turn.requested",

@@ -12,9 +12,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from fastapi import APIRouter, Path, Query, Request
+from nats.errors import NoRespondersError
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet_events import streams
+from fleet_events import bus, streams
 from fleet_events.envelope import new_id
 from fleet_events.session import (
     EXECUTION_MODES,
@@ -22,9 +23,12 @@ from fleet_events.session import (
     SessionCreated,
     SessionDeleted,
     SessionImage,
+    SessionPurged,
     SessionRenamed,
     TurnRequested,
+    run_subject,
 )
+from fleet_events.session import PurgeSession as PurgeRequest
 from fleet_gateway.auth import CurrentPrincipal
 from fleet_gateway.components import ready
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
@@ -33,6 +37,7 @@ from fleet_gateway.projections.fold import stamp
 from fleet_gateway.projections.store import decode_cursor, encode_cursor
 from fleet_gateway.quotas import turns_over_quota
 from fleet_gateway.sessionlog import log_head, session_log
+from fleet_mesh import rpc
 from fleet_mesh.store import EventStore
 
 ID = r"^[A-Za-z0-9_-]{1,64}$"
@@ -535,3 +540,119 @@ async def session_stats(
 
 def _parse(stamp_text: str) -> datetime:
     return datetime.strptime(stamp_text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+# -- purge: an admin operation, through the checkpointer ----------------------------------
+
+PURGE_RUN = "purge"
+"""The marker goes on `fleet.session.<tenant>.<session>.run.purge`, a subject of its own: the
+`.log` stays empty, so every route (and the agent) sees no session, and a new session may
+take the id."""
+PURGE_TIMEOUT_S = 30.0
+
+
+class PurgeSession(Strict):
+    reason: str = Field(default="", max_length=500)
+
+
+class PurgedSession(Written):
+    session: str
+    receipt: int
+    """The number of the signed checkpoint that is the receipt."""
+    digest: str
+    key: str
+    """The id of the checkpoint key that signed it."""
+    purged: dict[str, tuple[int, str]]
+    """Each purged subject's last sequence and hash, as the receipt pins them."""
+
+
+PURGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    403: {"model": ErrorBody, "description": "the caller is not an admin"},
+    409: {"model": ErrorBody, "description": "the session is not deleted"},
+    503: {"model": ErrorBody, "description": "no checkpointer answers"},
+    504: {"model": ErrorBody, "description": "the checkpointer did not answer in time"},
+}
+
+
+@router.post("/{session_id}/purge", response_model=PurgedSession, responses=PURGE_ERRORS)
+async def purge_session(
+    request: Request,
+    principal: CurrentPrincipal,
+    session_id: SessionId,
+    body: PurgeSession | None = None,
+) -> PurgedSession:
+    """Remove a deleted session's events (its log and every run) for good, behind a receipt:
+    the checkpointer (the one process holding the checkpoint key) checkpoints what is there,
+    signs a checkpoint naming each subject's last sequence and hash, and only then purges, so
+    an auditor's verification against the checkpoints still passes and names the receipt.
+    Admins only; the session must be deleted first. `session.purged` then records the receipt
+    on the session's `.run.purge` subject and every replica drops the session's rows."""
+    body = body or PurgeSession()
+    store = _parts(request)[0]
+    head = await log_head(store, principal.tenant, session_id)  # 404: unknown or foreign
+    row = await _session(request, principal.tenant, session_id, head.seq)  # as of its head
+    if not principal.admin:
+        raise ApiError(
+            403,
+            "admin_required",
+            "purging a session is an admin operation: ask an admin of your tenant (a token "
+            "with the admin claim)",
+        )
+    if row["status"] != "deleted":
+        raise ApiError(
+            409,
+            "session_not_deleted",
+            f"session {session_id!r} is {row['status']}: delete it first (DELETE "
+            f"/api/v1/sessions/{session_id}), then purge",
+            details={"session": session_id, "status": row["status"]},
+        )
+    log = await session_log(request)
+    ask = PurgeRequest(
+        request_id=new_id(),
+        tenant=principal.tenant,
+        session=session_id,
+        by=principal.user,
+        reason=body.reason,
+    )
+    try:
+        receipt = await rpc.call_verb(log.nc, bus.PURGE_SESSION, ask, timeout=PURGE_TIMEOUT_S)
+    except NoRespondersError:
+        raise ApiError(
+            503,
+            "audit_unavailable",
+            "no checkpointer answers on the bus: a purge needs the process holding the "
+            "checkpoint key (fleet up runs one; in a cluster `python -m fleet_mesh."
+            "checkpoints`); nothing was purged",
+            headers={"Retry-After": "5"},
+        ) from None
+    except TimeoutError:
+        raise ApiError(
+            504,
+            "audit_timeout",
+            f"the checkpointer did not answer within {PURGE_TIMEOUT_S:g} s; it may still "
+            "purge: read the session again before retrying",
+        ) from None
+    except rpc.RemoteError as exc:
+        raise ApiError(409, "purge_refused", f"the checkpointer refused: {exc.message}") from None
+    marker = log.envelope(
+        principal.tenant,
+        session_id,
+        SessionPurged(
+            receipt=receipt.receipt,
+            receipt_digest=receipt.digest,
+            purged=receipt.purged,
+            by=principal.user,
+            reason=body.reason,
+        ),
+    )
+    marker = msgspec.structs.replace(marker, run=PURGE_RUN)
+    subject = run_subject(principal.tenant, session_id, PURGE_RUN)
+    stored = await log.store.append(subject, marker, expect=await log.store.head(subject))
+    return PurgedSession(
+        seq=stored.seq,
+        session=session_id,
+        receipt=receipt.receipt,
+        digest=receipt.digest,
+        key=receipt.key,
+        purged=receipt.purged,
+    )

@@ -33,6 +33,10 @@ REQUEST_KINDS = ("step", "sub")
 """`step`: a run's own action or extract call, bounded by `max_iters`; `sub`: every other call
 (`llm_query`, facade sub-agents), counted against the tree's `max_llm_calls`."""
 
+CELL_OUTCOMES = ("result", "final", "syntax", "error", "terminal")
+"""How a cell ended: a value (or none), `SUBMIT`, code that did not parse, an error the model can
+fix, or the sandbox stopping under it."""
+
 TOOL_SOURCES = ("react", "sandbox")
 """Who called a tool: the chat agent's ReAct loop, or sandbox code through a host callback."""
 
@@ -101,7 +105,10 @@ class CellExecuted(Event, frozen=True, kw_only=True, tag="run.cell_executed"):
 
     `final` is what the cell `SUBMIT`ted (None when it did not). A resumed or replayed run
     hands the recorded result back for `cell_id` instead of running the cell again. When
-    stdout was cut for the inline record, `stdout_blob` holds all of it.
+    stdout was cut for the inline record, `stdout_blob` holds all of it. `outcome` is how the
+    cell ended (`CELL_OUTCOMES`; empty in records older than it, read from `error` and
+    `final` then) and `value` the value of its last expression, so a resume hands dspy back
+    exactly what the sandbox answered.
     """
 
     code: str
@@ -114,6 +121,8 @@ class CellExecuted(Event, frozen=True, kw_only=True, tag="run.cell_executed"):
     sandbox: str = ""
     context: str = ""
     stdout_blob: BlobRef | None = None
+    outcome: str = ""
+    value: Any = None
 
 
 class LlmCalled(Event, frozen=True, kw_only=True, tag="run.llm_called"):
@@ -218,6 +227,24 @@ class ChildRunFailed(Event, frozen=True, kw_only=True, tag="run.child_failed"):
     retryable: bool = False
 
 
+class RunResumed(Event, frozen=True, kw_only=True, tag="run.resumed"):
+    """Attempt `attempt` of the turn took this run over from its record (the last holder died or
+    froze): appended against the head it folded, so the old holder's next append is refused.
+
+    `reused_calls` and `reused_cells` count the recorded model responses and cells before it;
+    `in_flight` names the one step the record shows begun and not ended (it runs again);
+    `sandbox` is where the run goes on: a fork of the last one, holding its REPL state as of its
+    last completed cell, when a cell was in flight (docs/turns.md, "Resuming").
+    """
+
+    attempt: int
+    replica: str
+    reused_calls: int = 0
+    reused_cells: int = 0
+    in_flight: str = ""
+    sandbox: str = ""
+
+
 class RunCompleted(Event, frozen=True, kw_only=True, tag="run.completed"):
     """The run's final answer (SUBMIT), with the module's other outputs and what it took."""
 
@@ -293,6 +320,7 @@ EVENTS: tuple[type[Event], ...] = (
     ChildRunRequested,
     ChildRunCompleted,
     ChildRunFailed,
+    RunResumed,
     RunCompleted,
     RunFailed,
     RunCancelled,

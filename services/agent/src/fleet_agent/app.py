@@ -47,6 +47,7 @@ async def setup(ctx: service.ServiceContext, settings: AgentSettings | None = No
         ctx.nc, turn_log, codec, runner,
         replica=ctx.replica, max_attempts=settings.max_attempts, logger=ctx.log,
         cancel_poll_s=settings.ack_wait_s / 3,
+        hold_before_ack=settings.barrier_dir if settings.hold_before_ack else None,
     )  # fmt: skip
     turns = WorkConsumer(
         ctx.js, settings.turn_consumer(), worker.handle, slots=settings.turn_slots, log=ctx.log

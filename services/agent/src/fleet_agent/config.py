@@ -32,6 +32,10 @@ class AgentSettings(BaseSettings):
     `FLEET_ENGINE_*`)."""
     barrier_dir: Path | None = None
     """The scripted fake's barrier directory (tests only)."""
+    hold_before_ack: bool = False
+    """Tests only: the worker waits at a barrier in `barrier_dir` after a turn's end is stored
+    and before its work item is acked (the crash point "after TurnCompleted, before the
+    ack")."""
 
     @model_validator(mode="after")
     def _scripted_needs_barriers(self) -> "AgentSettings":
@@ -40,6 +44,8 @@ class AgentSettings(BaseSettings):
                 "FLEET_AGENT_RUNNER=scripted is the test fake and needs FLEET_AGENT_BARRIER_DIR "
                 "(a directory the test controls); use FLEET_AGENT_RUNNER=echo otherwise"
             )
+        if self.hold_before_ack and self.barrier_dir is None:
+            raise ValueError("FLEET_AGENT_HOLD_BEFORE_ACK needs FLEET_AGENT_BARRIER_DIR")
         return self
 
     def turn_consumer(self) -> streams.ConsumerSpec:

@@ -15,7 +15,9 @@ boundary.
 """
 
 import asyncio
+import contextlib
 import logging
+from pathlib import Path
 
 import msgspec
 from nats.aio.client import Client
@@ -57,6 +59,7 @@ class TurnWorker:
         max_attempts: int,
         logger: logging.Logger,
         cancel_poll_s: float = 10.0,
+        hold_before_ack: Path | None = None,
     ) -> None:
         self._nc = nc
         self._log = log
@@ -66,6 +69,7 @@ class TurnWorker:
         self._max_attempts = max_attempts
         self._logger = logger
         self._cancel_poll_s = cancel_poll_s
+        self._hold_dir = hold_before_ack
         self._decode = msgspec.json.Decoder(TurnWork).decode
 
     async def handle(self, delivery: Delivery) -> Settle:
@@ -170,8 +174,22 @@ class TurnWorker:
                 )
                 return Settle.LEAVE
             if await self._record(work, head, decision.event):
+                await self._hold_before_ack(work.turn, attempt)
                 return Settle.ACK
         return Settle.NAK
+
+    async def _hold_before_ack(self, turn: str, attempt: int) -> None:
+        """A test's barrier (`FLEET_AGENT_HOLD_BEFORE_ACK`, off unless set): the turn's end is
+        stored and its work item not yet acked. Writes `<turn>.ended.<attempt>` and waits for
+        the file `<turn>.ack` (the test SIGKILLs the replica here instead)."""
+        if self._hold_dir is None:
+            return
+        (self._hold_dir / f"{turn}.ended.{attempt}").write_text(self._replica)
+        release = self._hold_dir / f"{turn}.ack"
+        never = asyncio.Event()
+        while not release.exists():  # a test's barrier: a poll of a file the test creates
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(never.wait(), 0.01)
 
     async def _outcome(self, turn: TurnInput, token: CancelToken) -> Event:
         try:
@@ -186,7 +204,7 @@ class TurnWorker:
                     f"replica {turn.replica}'s log has the details"
                 ),
                 retryable=True,
-                code="runner_error",
+                code=str(getattr(exc, "failure_code", "") or "runner_error"),
                 attempt=turn.attempt,
             )
         if isinstance(result, Failed):

@@ -6,11 +6,15 @@ waits on children of its own lends its slot back meanwhile (`SlotLease`), so one
 two slots runs a tree of any depth and fan-out: every slot is held by a run that is working,
 never by one that is waiting.
 
-A child run is not restartable yet (issue 16): a delivery that finds the run started (its
-holder died or froze past the ack deadline) records `run.failed` (`replica_lost`,
-retryable) against the head it found, which also fences the old holder, and the parent's
-`sub_rlm` returns that error. A child whose turn has ended, or was cancelled, stops at its
-next step; it watches the session's log for either, as the turn worker watches for cancels.
+A child run is resumed like a turn's root (issue 16, `engine.resume`): a redelivery that finds
+the run started (its holder died or froze past the ack deadline) runs it again from its
+record, which first appends `run.resumed` and so fences the old holder. A fresh delivery
+(attempt 1) of a run already started is a second publish of the same child (past the
+dedup window): dropped, the first item is held or will be redelivered. The last delivery
+(`MAX_ATTEMPTS` + 1) runs nothing: it records `run.failed` (`replica_lost`, retryable) against
+the head it found, and the parent's `sub_rlm` returns that error. A child whose turn has
+ended, or was cancelled, stops at its next step; it watches the session's log for either, as
+the turn worker watches for cancels.
 """
 
 import asyncio
@@ -44,9 +48,13 @@ from fleet_mesh.work import Delivery, Settle, WorkConsumer
 STOPS = (CancelRequested, TurnCompleted, TurnFailed, TurnCancelled)
 STOP_TYPES = frozenset(type_of_class(cls) for cls in STOPS)
 
+MAX_ATTEMPTS = 3
+"""Deliveries of a child run that may run it; the next records it lost (`max_deliver` is this
+plus one, `EngineSettings.child_consumer`)."""
+
 REPLICA_LOST = (
-    "the replica running this child run stopped before it ended; child runs are not resumed "
-    "yet, so it failed: ask for the sub-task again"
+    f"the replicas running this child run stopped before it ended, {MAX_ATTEMPTS} times: "
+    "ask for the sub-task again"
 )
 
 
@@ -69,12 +77,19 @@ class ChildRunWorker:
         subject = run_subject(work.tenant, work.session, work.child_run)
         last = await mesh.on_bus(mesh.store.last(subject))
         if last is not None:
-            started = not isinstance(last.envelope.data, TERMINAL)
-            if started and not await self._record_lost(mesh, work, Head(last.seq, last.hash)):
-                return Settle.LEAVE
-            await self._reap(mesh, work)
-            return Settle.ACK
-        ctx = self._context(mesh, work)
+            if isinstance(last.envelope.data, TERMINAL):
+                await self._reap(mesh, work)
+                return Settle.ACK
+            if delivery.attempt == 1:
+                self._log.info("child run already started: duplicate item dropped",
+                               extra={"run": work.child_run})  # fmt: skip
+                return Settle.ACK
+            if delivery.attempt > MAX_ATTEMPTS:
+                if not await self._record_lost(mesh, work, Head(last.seq, last.hash)):
+                    return Settle.LEAVE
+                await self._reap(mesh, work)
+                return Settle.ACK
+        ctx = self._context(mesh, work, delivery.attempt)
         watch = await mesh.on_bus(self._watch(mesh, work, ctx))
         try:
             if await self._turn_over(mesh, work):
@@ -83,11 +98,14 @@ class ChildRunWorker:
         finally:
             await mesh.on_bus(_unsubscribe(watch))
             await self._reap(mesh, work)
+            if ctx.sandbox != work.sandbox:  # a resume moved the run to a fork: it goes too
+                with contextlib.suppress(Exception):
+                    await in_own_thread(mesh.bus.delete_sandbox, ctx.sandbox)
         if result.fenced:
             return Settle.LEAVE  # another holder owns the run (and its delivery) now
         return Settle.ACK
 
-    def _context(self, mesh: EngineMesh, work: ChildRunWork) -> RunContext:
+    def _context(self, mesh: EngineMesh, work: ChildRunWork, attempt: int) -> RunContext:
         loop = asyncio.get_running_loop()
         consumer = self.consumer
         slot = None
@@ -102,7 +120,7 @@ class ChildRunWorker:
             tenant=work.tenant, session=work.session, turn=work.turn, run=work.child_run,
             tree=work.tree, sandbox=work.sandbox, mesh=mesh, depth=work.depth,
             parent_run=work.parent_run, parent_call=work.call_id, context=work.context,
-            deadline=work.deadline or None, slot=slot,
+            deadline=work.deadline or None, slot=slot, attempt=attempt,
         )  # fmt: skip
 
     async def _watch(self, mesh: EngineMesh, work: ChildRunWork, ctx: RunContext) -> Subscription:

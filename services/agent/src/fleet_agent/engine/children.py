@@ -35,6 +35,7 @@ import msgspec
 
 from fleet_agent.engine.model import RlmTask, RunContext, child_run_id, derived_id
 from fleet_agent.engine.recorder import TOOL_CALL, RunRecorder
+from fleet_agent.engine.resume import Resume
 from fleet_events import bus, new_id, streams
 from fleet_events import sandbox as sb
 from fleet_events.budget import AdmitChild
@@ -84,10 +85,13 @@ class ChildOutcome:
 class ChildRuns:
     """The child-run host tools of one run."""
 
-    def __init__(self, task: RlmTask, ctx: RunContext, recorder: RunRecorder) -> None:
+    def __init__(
+        self, task: RlmTask, ctx: RunContext, recorder: RunRecorder, resume: Resume | None = None
+    ) -> None:
         self.task = task
         self.ctx = ctx
         self.recorder = recorder
+        self.resume = resume
         self._active = 0
         self._settled = threading.Condition()
 
@@ -147,16 +151,18 @@ class ChildRuns:
         ctx = self.ctx
         child_run = child_run_id(ctx.run, call_id, index)
         depth = ctx.depth + 1
+        ended_before = self.resume.child(child_run) if self.resume is not None else None
+        if ended_before is not None:  # its end is in this run's record: not asked again
+            return ChildOutcome(child_run, ended_before.answer, ended_before.error)
         record = self.recorder.record
-        record(
-            ChildRunRequested(
-                child_run=child_run,
-                task=text[:4000],
-                call_id=call_id,
-                batch_index=index,
-                depth=depth,
-            )
+        requested = ChildRunRequested(
+            child_run=child_run, task=text[:4000], call_id=call_id, batch_index=index, depth=depth
         )
+        if self.recorder.recorded(requested) and self._started(child_run):
+            # asked for by the holder this run was resumed from, and running (or run): its
+            # work item is taken; wait for its end as that holder would have
+            return self._settle(child_run, call_id)
+        record(requested)
         admit = AdmitChild(
             request_id=derived_id("admit", child_run),
             tree=ctx.tree,
@@ -183,11 +189,27 @@ class ChildRuns:
         except rpc.RemoteError as exc:
             return self._failed(child_run, call_id, f"no child sandbox: {exc.code}: {exc.message}")
         work = self._work(child_run, call_id, depth, text, child)
-        ctx.mesh.bus.run(self._publish(child_run, work), timeout=15)
-        ended = self._wait(child_run)
-        if ended is None:
+        fresh = ctx.mesh.bus.run(self._publish(child_run, work), timeout=15)
+        if not fresh:  # a resumed parent built a second sandbox for a child already queued
             with contextlib.suppress(Exception):
                 ctx.mesh.bus.delete_sandbox(child.sandbox)
+            return self._settle(child_run, call_id)
+        return self._settle(child_run, call_id, child.sandbox)
+
+    def _started(self, child_run: str) -> bool:
+        ctx = self.ctx
+        subject = run_subject(ctx.tenant, ctx.session, child_run)
+        return ctx.mesh.bus.run(ctx.mesh.store.last(subject), timeout=15) is not None
+
+    def _settle(self, child_run: str, call_id: str, sandbox: str = "") -> ChildOutcome:
+        """Wait for the child's end and record it; a child that does not end in time is
+        reaped here (its sandbox, when this call built it)."""
+        ctx = self.ctx
+        ended = self._wait(child_run)
+        if ended is None:
+            if sandbox:
+                with contextlib.suppress(Exception):
+                    ctx.mesh.bus.delete_sandbox(sandbox)
             why = "cancelled" if ctx.cancel.is_set else "no answer before the tree's deadline"
             return self._failed(
                 child_run, call_id, f"child run {child_run}: {why}", cancelled=ctx.cancel.is_set
@@ -222,15 +244,17 @@ class ChildRuns:
     def _deadline(self) -> float:
         return self.ctx.deadline or time.time() + DEFAULT_DEADLINE_S
 
-    async def _publish(self, child_run: str, work: ChildRunWork) -> None:
+    async def _publish(self, child_run: str, work: ChildRunWork) -> bool:
+        """Publish the child's work item; False when the stream already held it (dedup)."""
         js = self.ctx.mesh.bus.nc.jetstream()
-        await js.publish(
+        ack = await js.publish(
             CHILD_RUN_WORK_SUBJECT,
             _encode(work),
             stream=streams.WORK.name,
             headers={"Nats-Msg-Id": f"child.{child_run}"},
             timeout=10,
         )
+        return not ack.duplicate
 
     # -- waiting -----------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -151,6 +151,12 @@ class RunContext:
     no longer (the broker's 600 s callback default is no bound for a tree)."""
     slot: "SlotLease | None" = None
     """The work slot this run holds, lent back while it waits on its children."""
+    attempt: int = 1
+    """Which attempt of the run this is (the turn's, or the child work item's delivery): a
+    later one resumes from the run's record."""
+    on_fork: "Callable[[str, Any], Awaitable[None]] | None" = None
+    """Called with (old sandbox, new `SandboxInfo`) when a resume moved the run to a fork of
+    its sandbox (`engine.resume`): the turn runner records it as the session's sandbox."""
 
 
 async def in_own_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -22,6 +22,7 @@ from fleet_agent.engine.model import RunContext, RunFenced
 from fleet_events import Envelope, Event, new_id, utc_now
 from fleet_events.bus import LiveDelta
 from fleet_events.envelope import BlobRef
+from fleet_events.journal import Journal, RecordedCell, step_key
 from fleet_events.run import LlmCalled
 from fleet_events.session import run_subject
 from fleet_events.subjects import live
@@ -38,15 +39,26 @@ _json = msgspec.json.Encoder()
 
 
 class RunRecorder:
-    def __init__(self, ctx: RunContext) -> None:
+    """The run's one writer. Given the run's `journal` (a resumed attempt), it appends after
+    the recorded head, skips every step the record already holds (`step_key`), and hands out
+    positions past the recorded ones for what runs live."""
+
+    def __init__(self, ctx: RunContext, journal: Journal | None = None, head: Head = EMPTY) -> None:
         self.ctx = ctx
         self.subject = run_subject(ctx.tenant, ctx.session, ctx.run)
-        self.head: Head = EMPTY
+        self.head: Head = head
+        self.journal = journal or Journal()
         self.events = 0
+        self.skipped = 0
+        self.fenced = False
+        """Another holder appended: this one records nothing more, and leaves the REPL context
+        (now the other holder's) open."""
         self._lock = threading.Lock()  # positions only; never held across an await
         self._append_lock: asyncio.Lock | None = None
-        self._counter = 0
+        self._counter = self.journal.max_call_index
         self._cells = 0
+        self._cells_diverged = False
+        self._tools: dict[str, int] = {}
         self.llm_calls = 0
         self.current_cell = ""
         self.last_step_call = ""
@@ -54,24 +66,63 @@ class RunRecorder:
     # -- positions ---------------------------------------------------------------------------
 
     def next_grant_id(self) -> str:
-        """The grant id of the run's next model call; its `index` is read back from it."""
+        """The grant id of the run's next live model call (past every recorded one); its
+        `index` is read back from it."""
         with self._lock:
             self._counter += 1
             return f"{self.ctx.run}-g{self._counter}"
 
-    def next_cell_id(self) -> str:
+    def next_cell(self, code: str) -> tuple[str, RecordedCell | None]:
+        """The next cell's id, and its recorded result when the record holds this cell at this
+        position with this code. Once a cell differs from the record, every later cell is live
+        and numbered past the recorded ones (their ids must not meet recorded keys)."""
+        recorded_code = code if len(code.encode()) <= INLINE_BYTES else code[:INLINE_BYTES]
         with self._lock:
             self._cells += 1
-            return f"{self.ctx.run}-c{self._cells}"
+            if not self._cells_diverged:
+                cell = self.journal.cell(self._cells)
+                if cell is not None and cell.code == recorded_code:
+                    return cell.cell_id, cell
+                if cell is not None:
+                    self._cells_diverged = True
+                    self._cells = len(self.journal.cells) + 1
+            return f"{self.ctx.run}-c{self._cells}", None
+
+    def next_tool_call(self, cell: str) -> str:
+        """A host tool call's id, fixed by its cell and its place among that cell's calls, so
+        a resumed cell's calls (and the child runs they ask for) have the ids they had."""
+        with self._lock:
+            n = self._tools.get(cell, 0) + 1
+            self._tools[cell] = n
+            return f"{cell}-t{n}"
+
+    def reused_call(self, call_id: str, kind: str) -> None:
+        """A model call answered from the record: counted, and a step call is the plan's."""
+        with self._lock:
+            self.llm_calls += 1
+            if kind == "step":
+                self.last_step_call = call_id
 
     # -- appends -----------------------------------------------------------------------------
 
+    def recorded(self, event: Event) -> bool:
+        """Does the run's record already hold the step `event` records?"""
+        key = step_key(event)
+        return key is not None and key in self.journal.keys
+
     def record(self, event: Event) -> Head:
-        """Append from a dspy thread (never from the bus's own loop)."""
+        """Append from a dspy thread (never from the bus's own loop); a step the record holds
+        is not appended again."""
+        if self.recorded(event):
+            self.skipped += 1
+            return self.head
         return self.ctx.mesh.bus.run(self._append(event), timeout=APPEND_TIMEOUT_S)
 
     async def arecord(self, event: Event) -> Head:
         """Append from a coroutine on any loop but the bus's."""
+        if self.recorded(event):
+            self.skipped += 1
+            return self.head
         future = self.ctx.mesh.bus.submit(self._append(event))
         return await asyncio.wrap_future(future)
 
@@ -89,6 +140,7 @@ class RunRecorder:
             try:
                 appended = await ctx.mesh.store.append(self.subject, envelope, expect=self.head)
             except AppendConflict as exc:
+                self.fenced = True
                 raise RunFenced(
                     f"run {ctx.run} was appended to by another holder: this replica stops"
                 ) from exc

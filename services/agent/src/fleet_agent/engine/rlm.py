@@ -31,37 +31,44 @@ import msgspec
 from dspy.primitives.code_interpreter import (
     CodeExecutionError,
     CodeInterpreterError,
+    FinalOutput,
 )
 from dspy.primitives.facade import CONSTRUCT_TOOL
 from pydantic_core import to_jsonable_python
 
 from fleet_agent.engine.children import ChildRuns
+from fleet_agent.engine.journal_lm import journal_lm
 from fleet_agent.engine.model import (
     RlmResult,
     RlmTask,
     RunCancelledError,
     RunContext,
     RunFenced,
+    derived_id,
     in_own_thread,
 )
 from fleet_agent.engine.recorder import INLINE_BYTES, TOOL_CALL, RunRecorder
+from fleet_agent.engine.resume import Resume, load_journal, recorded_answer
 from fleet_agent.interpreter import EXECUTION_INSTRUCTIONS, RemoteInterpreter
 from fleet_agent.lm import CallScope, budgeted_lm
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import bus as verbs
 from fleet_events import new_id
 from fleet_events import sandbox as sb
+from fleet_events.journal import Journal, RecordedCell
 from fleet_events.run import (
     CellExecuted,
     IterationPlanned,
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunResumed,
     RunStarted,
     ToolCalled,
     ToolReturned,
 )
 from fleet_events.subjects import live as live_subject
+from fleet_mesh import rpc
 
 log = logging.getLogger("fleet.agent.engine")
 
@@ -84,6 +91,16 @@ STDOUT_INLINE = 8 * 1024
 INTERRUPT_EVERY_S = 1.0
 INTERRUPT_TRIES = 30
 
+CLEAR_TRIES = 100
+CLEAR_EVERY_S = 0.05
+"""A resumed run's first live cell in a context first stops what the dead holder left running
+there: interrupts until the broker says nothing runs (bounded: 5 s)."""
+
+SANDBOX_LOST = (
+    "this run's sandbox is gone and its REPL state with it: the recorded cells cannot be "
+    "continued; ask again"
+)
+
 CHILD_SETTLE_S = 90.0
 """How long a run's end waits for sub_rlm calls its interrupted cells left running (a child
 records its own end within the cancel grace, and the call then records the parent's side)."""
@@ -100,9 +117,10 @@ def _preview(value: Any) -> Any:
 class RunHooks:
     """What the recording seams share: the recorder, the cancel flag, and the loop's position."""
 
-    def __init__(self, ctx: RunContext, recorder: RunRecorder) -> None:
+    def __init__(self, ctx: RunContext, recorder: RunRecorder, resume: Resume) -> None:
         self.ctx = ctx
         self.recorder = recorder
+        self.resume = resume
         self.iteration: int | None = None
         self.iterations = 0
         self.last_reasoning = ""
@@ -175,7 +193,11 @@ class RecordingInterpreter(RemoteInterpreter):
 
     def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
         recorder = self._hooks.recorder
-        cell = recorder.next_cell_id()
+        cell, recorded = recorder.next_cell(code if isinstance(code, str) else "")
+        if recorded is not None:
+            return self._recorded(recorded)
+        if self._hooks.resume.first_live_in(self.context):
+            self._clear_context()
         outer, recorder.current_cell = recorder.current_cell, cell
         self._reply = None
         self._cell_done = threading.Event()
@@ -199,12 +221,60 @@ class RecordingInterpreter(RemoteInterpreter):
             recorder.current_cell = outer
             self._record_cell(cell, code, error, (time.monotonic() - started) * 1000)
 
+    def shutdown(self) -> None:
+        """A fenced run's context belongs to the holder that took the run over: only this
+        interpreter's inbox goes (closing the context would pull it from under that holder)."""
+        if self._hooks.recorder.fenced:
+            self._terminal()
+            return
+        super().shutdown()
+
+    def _recorded(self, cell: RecordedCell) -> Any:
+        """A cell the record holds: its answer, as the sandbox gave it, without running it."""
+        resume = self._hooks.resume
+        resume.reuse_cell()
+        if cell.iteration is not None:
+            self._hooks.iteration = cell.iteration
+        outcome, value = recorded_answer(resume, cell)
+        match outcome:
+            case "final":
+                return FinalOutput(value)
+            case "result":
+                return value
+            case "syntax":
+                raise SyntaxError(value)
+            case "error":
+                raise CodeExecutionError(value)
+        raise CodeInterpreterError(value)
+
+    def _clear_context(self) -> None:
+        """Stop the cell the last holder left running in this context (its REPL state is what
+        the recorded cells made; the cell itself is the step in flight, and runs again)."""
+        for _ in range(CLEAR_TRIES):
+            request = sb.InterruptCell(
+                request_id=new_id(), tenant=self.bus.tenant, sandbox=self.sandbox,
+                context=self.context,
+            )  # fmt: skip
+            try:
+                answer = self.bus.call(
+                    verbs.INTERRUPT_CELL, request, target=self.sandbox, timeout=10
+                )
+            except Exception:  # no such context yet, or the sandbox is gone: nothing runs
+                return
+            if not answer.interrupted:
+                return
+            self._cell_done.wait(CLEAR_EVERY_S)
+
     def _record_cell(self, cell: str, code: str, error: str, duration_ms: float) -> None:
         reply = self._reply
         stdout = reply.stdout if reply is not None else ""
         final = None
         if reply is not None and reply.kind == "final" and isinstance(reply.value, dict):
             final = _preview(reply.value)
+        value = None
+        kept = reply is not None and reply.kind == "result" and reply.value is not None
+        if kept and reply is not None and len(_json_bytes(reply.value)) <= INLINE_BYTES:
+            value = reply.value
         blob = None
         if len(stdout.encode()) > STDOUT_INLINE:
             blob = self.bus.put_blob(stdout.encode())
@@ -224,6 +294,8 @@ class RecordingInterpreter(RemoteInterpreter):
                 sandbox=self.sandbox,
                 context=self.context,
                 stdout_blob=blob,
+                outcome=_outcome_kind(reply, error),
+                value=value,
             )
         )
 
@@ -256,7 +328,13 @@ class RecordingInterpreter(RemoteInterpreter):
             return sb.ToolReply(ok=False, error=FACADE_RLM_REFUSED)
         if call.name in LLM_TOOLS:
             return super()._on_tool(call)
-        TOOL_CALL.current = (call.request_id, self.context)
+        recorder = self._hooks.recorder
+        call_id = recorder.next_tool_call(recorder.current_cell or self.context)
+        call = msgspec.structs.replace(call, request_id=call_id)
+        done = self._hooks.resume.tool(call_id)
+        if done is not None:  # returned before the last holder died: its answer stands
+            return sb.ToolReply(ok=not done.error, value=done.result, error=done.error)
+        TOOL_CALL.current = (call_id, self.context)
         try:
             return self._recorded_tool(self._by_name(call))
         finally:
@@ -295,6 +373,25 @@ class RecordingInterpreter(RemoteInterpreter):
         return reply
 
 
+def _json_bytes(value: Any) -> bytes:
+    try:
+        return msgspec.json.encode(value)
+    except (TypeError, msgspec.EncodeError):
+        return b"x" * (INLINE_BYTES + 1)  # not JSON: not kept inline
+
+
+def _outcome_kind(reply: sb.ExecuteReply | None, error: str) -> str:
+    if reply is None:
+        return "terminal" if error else "result"
+    return reply.kind if reply.kind in ("result", "final", "syntax", "error") else "terminal"
+
+
+def run_context(ctx: RunContext) -> str:
+    """The REPL context of the run's own interpreter: a child's from `build_child`, else one
+    fixed by the run id, so a resumed attempt re-attaches to the context its cells made."""
+    return ctx.context or derived_id("repl", ctx.run)
+
+
 def _keywords(tool: Callable[..., Any], call: sb.ToolCall) -> sb.ToolCall | str:
     try:
         bound = inspect.signature(tool).bind(*call.args, **call.kwargs)
@@ -321,7 +418,7 @@ class RecordingFactory:
         """The run's own interpreter opens the run's context (a child's, from `build_child`);
         nested ones (facade sub-agents) get fresh contexts on the same sandbox."""
         ctx = self.hooks.ctx
-        context, self._first = (ctx.context if self._first else None), False
+        context, self._first = (run_context(ctx) if self._first else None), False
         return RecordingInterpreter(
             ctx.mesh.bus, ctx.sandbox, hooks=self.hooks, context=context, **self.options
         )
@@ -340,10 +437,23 @@ async def run_rlm(
     replica writes nothing more). Never raises for what the run did; the result says how it
     ended. The caller opens and closes the tree, and owns the sandbox.
     """
-    recorder = RunRecorder(ctx)
-    hooks = RunHooks(ctx, recorder)
-    children = ChildRuns(task, ctx, recorder)
+    loaded = await ctx.mesh.on_bus(load_journal(ctx))
+    journal = loaded.journal
+    if journal.ended is not None:
+        return _from_record(journal, loaded.head.hash)
+    recorder = RunRecorder(ctx, journal, loaded.head)
+    resume = Resume(ctx, journal)
+    hooks = RunHooks(ctx, recorder, resume)
+    children = ChildRuns(task, ctx, recorder, resume)
     try:
+        if resume.active:
+            lost = _sandbox_lost(journal, ctx)
+            if lost:
+                failed = RunFailed(error=lost, reason="sandbox_lost", retryable=True)
+                return await _end(recorder, hooks, failed, status="failed", error=lost, retry=True)
+            if journal.cell_in_flight:
+                await _move_to_fork(ctx)
+            await recorder.arecord(_resumed(journal, ctx))
         await recorder.arecord(_started(task, ctx))
         offered = [*(tools or []), *children.tools()]
         try:
@@ -383,6 +493,71 @@ async def run_rlm(
     )
 
 
+def _from_record(journal: Journal, head: str) -> RlmResult:
+    """A run whose record already ends (its holder died after the end, before its caller
+    recorded it): the recorded end, nothing run again."""
+    end = journal.ended
+    calls = len(journal.calls)
+    iterations = len(journal.plans)
+    if isinstance(end, RunCompleted):
+        return RlmResult(
+            status="completed", answer=end.answer, outputs=end.outputs, head_hash=head,
+            iterations=end.iterations, llm_calls=end.llm_calls,
+        )  # fmt: skip
+    if isinstance(end, RunCancelled):
+        return RlmResult(
+            status="cancelled", answer=end.partial_answer, head_hash=head, llm_calls=calls,
+            iterations=iterations,
+        )  # fmt: skip
+    error = end.error if isinstance(end, RunFailed) else "the run ended"
+    retryable = end.retryable if isinstance(end, RunFailed) else False
+    return RlmResult(
+        status="failed", error=error, head_hash=head, retryable=retryable, llm_calls=calls,
+        iterations=iterations,
+    )  # fmt: skip
+
+
+def _sandbox_lost(journal: Journal, ctx: RunContext) -> str:
+    """Why the record cannot be continued here ("" when it can): its cells made REPL state
+    in a sandbox this attempt does not have."""
+    if not ctx.sandbox:
+        return SANDBOX_LOST
+    if not journal.cells or not journal.sandbox:
+        return ""
+    return "" if journal.sandbox == ctx.sandbox else SANDBOX_LOST
+
+
+async def _move_to_fork(ctx: RunContext) -> None:
+    """The dead holder's cell may still be running in the run's REPL context (blocked on a
+    host tool whose caller is gone, or mid-computation): the run goes on in a fork of its
+    sandbox, which holds the REPL state as of the last completed cell, and the old sandbox is
+    left to its owner (`ctx.on_fork`) or to the run's reaper. Interrupting the old cell in
+    place is not used: after an interrupt the local runner spins on the next SUBMIT (seen
+    here; docs/turns.md, "Not done yet"). A fork that fails leaves the run where it was."""
+    request = sb.ForkSandbox(
+        request_id=derived_id("resume-fork", ctx.run, str(ctx.attempt)), tenant=ctx.tenant,
+        sandbox=ctx.sandbox, labels={"session": ctx.session, "run": ctx.run, "role": "resumed"},
+    )  # fmt: skip
+    call = rpc.call_verb(
+        ctx.mesh.bus.nc, verbs.FORK_SANDBOX, request, target=ctx.sandbox, timeout=60
+    )
+    try:
+        info = await ctx.mesh.on_bus(call)
+    except Exception:
+        log.warning("resume: no fork of the run's sandbox", exc_info=True, extra={"run": ctx.run})
+        return
+    old, ctx.sandbox = ctx.sandbox, info.sandbox
+    if ctx.on_fork is not None:
+        await ctx.on_fork(old, info)
+
+
+def _resumed(journal: Journal, ctx: RunContext) -> RunResumed:
+    return RunResumed(
+        attempt=ctx.attempt, replica=ctx.mesh.actor.replica, reused_calls=len(journal.calls),
+        reused_cells=len(journal.cells), in_flight=journal.in_flight, sandbox=ctx.sandbox,
+    )  # fmt: skip
+
+
 def _started(task: RlmTask, ctx: RunContext) -> RunStarted:
     return RunStarted(
         kind="rlm", tree=ctx.tree, depth=ctx.depth, task=str(task.inputs.get("task", ""))[:2000],
@@ -392,7 +567,13 @@ def _started(task: RlmTask, ctx: RunContext) -> RunStarted:
 
 
 async def _end(
-    recorder: RunRecorder, hooks: RunHooks, event: Any, *, status: str, **fields: Any
+    recorder: RunRecorder,
+    hooks: RunHooks,
+    event: Any,
+    *,
+    status: str,
+    retry: bool = False,
+    **fields: Any,
 ) -> RlmResult:
     try:
         head = await recorder.arecord(event)
@@ -400,7 +581,7 @@ async def _end(
         return RlmResult(status="failed", error=str(exc), retryable=True, fenced=True)
     return RlmResult(
         status=status, iterations=hooks.iterations, llm_calls=recorder.llm_calls,
-        head_hash=head.hash, **fields,
+        head_hash=head.hash, retryable=retry, **fields,
     )  # fmt: skip
 
 
@@ -417,9 +598,10 @@ def _forward(
 
     def lm(role: str, kind: Any) -> Any:
         scope = CallScope(tenant=ctx.tenant, tree=ctx.tree, run=ctx.run, role=role, kind=kind)
-        return budgeted_lm(
+        budgeted = budgeted_lm(
             mesh.bus, mesh.lm, scope, on_call=recorder.on_llm_call, grant_id=recorder.next_grant_id
         )
+        return journal_lm(budgeted, hooks.resume, recorder) if hooks.resume.active else budgeted
 
     # what cells print goes live while they run (`cell_output` deltas), not only at their end
     options: dict[str, Any] = {"live": (live_subject(ctx.tenant, ctx.session), ctx.run)}

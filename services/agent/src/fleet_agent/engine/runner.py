@@ -6,11 +6,13 @@ second attempt gets the first answer), find the session's sandbox (the fold's in
 state: resumed, or replaced on the same volume, or created) and record `SandboxAttached` when
 it changed, run the root, close the tree whatever happened.
 
-`restartable` is False: a second attempt would pay every model call again, so a turn whose
-replica died ends `TurnFailed(retryable=True)` (the worker's rule) until issue 16 resumes a run
-from its record. The record is laid out for that already: the root run's id and the tree's
-are derived from the turn (`model.root_run_id`, `model.tree_id`), so a resuming attempt finds
-both.
+`restartable` is True because a later attempt resumes (issue 16): the root run's id and the
+tree's are derived from the turn (`model.root_run_id`, `model.tree_id`), so attempt N lands on
+the run subject attempt 1 wrote, and `run_rlm` continues from its record (`engine.resume`):
+recorded model responses and cells are reused, only the step in flight runs again. Where the
+record cannot be continued (the session's sandbox was replaced: its REPL state is gone) the
+run ends `run.failed` (`sandbox_lost`) and the turn `TurnFailed(retryable=True,
+code="sandbox_lost")`.
 """
 
 import asyncio
@@ -30,7 +32,7 @@ from fleet_agent.engine.model import (
     root_run_id,
     tree_id,
 )
-from fleet_agent.engine.rlm import run_rlm
+from fleet_agent.engine.rlm import SANDBOX_LOST, run_rlm
 from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.runners import Answered, CancelToken, Stopped, TurnInput
@@ -51,11 +53,15 @@ log = logging.getLogger("fleet.agent.engine")
 
 class RlmRunFailed(RuntimeError):
     """The root run ended in `run.failed`; the worker records `TurnFailed` (its text stays in
-    this replica's log, the run's record has the error)."""
+    this replica's log, the run's record has the error) with `code`."""
+
+    def __init__(self, message: str, code: str = "runner_error") -> None:
+        super().__init__(message)
+        self.failure_code = code
 
 
 class RlmTurnRunner:
-    restartable = False
+    restartable = True
 
     def __init__(self, pool: MeshPool, task: RlmTask, *, deadline_s: float = 3600.0) -> None:
         self.ping_details: Callable[[], dict[str, Any]] = dict
@@ -75,26 +81,52 @@ class RlmTurnRunner:
             max_steps_per_run=task.max_iters + 1, session=turn.session, turn=turn.turn,
             root_run=run,
         ))  # fmt: skip
+        fenced = False
         try:
-            sandbox = await session_sandbox(mesh, turn.tenant, turn.session, turn.turn)
+            sandbox = await self._sandbox(mesh, turn)
             ctx = RunContext(
                 tenant=turn.tenant, session=turn.session, turn=turn.turn, run=run, tree=tree,
                 sandbox=sandbox, mesh=mesh, deadline=time.time() + self._deadline_s,
+                attempt=turn.attempt, on_fork=self._forked(mesh, turn),
             )  # fmt: skip
             mirror = asyncio.ensure_future(_mirror_cancel(token, ctx))
             try:
                 result = await run_rlm(task, ctx)
+                fenced = result.fenced
             finally:
                 mirror.cancel()
         finally:
-            await _call(mesh, bus.CLOSE_TREE, CloseTree(
-                request_id=derived_id("close", tree), tree=tree, reason="turn ended",
-            ))  # fmt: skip
+            if not fenced:  # a fenced attempt's tree is the new holder's: it stays open
+                await _call(mesh, bus.CLOSE_TREE, CloseTree(
+                    request_id=derived_id("close", tree), tree=tree, reason="turn ended",
+                ))  # fmt: skip
         if result.status == "completed":
             return Answered(result.answer, root_head_hash=result.head_hash)
         if result.status == "cancelled":
             return Stopped(result.answer)
-        raise RlmRunFailed(result.error)
+        lost = result.error == SANDBOX_LOST
+        raise RlmRunFailed(result.error, code="sandbox_lost" if lost else "runner_error")
+
+    async def _sandbox(self, mesh: EngineMesh, turn: TurnInput) -> str:
+        """The session's sandbox; for a later attempt, "" when it is gone (the run then ends
+        `sandbox_lost`: the REPL state its record was made in is not there any more)."""
+        try:
+            return await session_sandbox(mesh, turn.tenant, turn.session, turn.turn)
+        except rpc.RemoteError:
+            if turn.attempt == 1:
+                raise
+            log.warning("resume: the session's sandbox is gone", extra={"turn": turn.turn})
+            return ""
+
+    def _forked(self, mesh: EngineMesh, turn: TurnInput) -> Callable[[str, Any], Any]:
+        async def forked(old: str, info: sb.SandboxInfo) -> None:
+            """A resumed root runs on in a fork of the session's sandbox: the fork is the
+            session's sandbox from now on. The old one is not deleted: the local provider
+            kills a sandbox's whole process group, and its forks are in it (docs/turns.md,
+            "Not done yet")."""
+            await mesh.on_bus(_attach(mesh, turn.tenant, turn.session, turn.turn, info, old))
+
+        return forked
 
 
 async def engine_runner(
@@ -184,13 +216,28 @@ async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: st
         )  # fmt: skip
         info = await rpc.call_verb(nc, bus.CREATE_SANDBOX, create, timeout=60)
         reason = "created"
+    replaces = known.sandbox or "" if known else ""
+    await _attach(mesh, tenant, session, turn, info, replaces, reason)
+    return info.sandbox
+
+
+async def _attach(
+    mesh: EngineMesh,
+    tenant: str,
+    session: str,
+    turn: str,
+    info: sb.SandboxInfo,
+    replaces: str,
+    reason: str = "resumed",
+) -> None:
+    """Record `info` as the session's sandbox (`SandboxAttached`) on the session's log."""
     attached = SandboxAttached(
         interpreter=InterpreterState(
             sandbox=info.sandbox, workspace=info.workspace, repo_url=info.repo_url, ref=info.ref,
             context_paths=tuple(info.context_paths), volume=info.volume,
             volume_subpath=info.volume_subpath,
         ),
-        replaces=known.sandbox or "" if known else "",
+        replaces=replaces,
         reason=reason,
     )  # fmt: skip
     subject = log_subject(tenant, session)
@@ -204,4 +251,3 @@ async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: st
             break
         except AppendConflict:
             continue
-    return info.sandbox

@@ -30,7 +30,8 @@ class EngineSettings(BaseSettings):
     """The child-run consumer's ack deadline (progress is sent every third of it)."""
 
     def child_consumer(self) -> streams.ConsumerSpec:
-        return replace(streams.CHILD_RUN_WORKERS, ack_wait_s=self.ack_wait_s)
+        # deliveries 2..3 resume the run from its record, the 4th records it lost (child_worker)
+        return replace(streams.CHILD_RUN_WORKERS, ack_wait_s=self.ack_wait_s, max_deliver=4)
 
     def task(self) -> RlmTask:
         return RlmTask(

@@ -1,0 +1,73 @@
+"""The journal-backed LM: a resumed run's model calls answered from its record while they match.
+
+It wraps the budgeted LM (`fleet_agent.lm`, not changed): for each call it computes the digest
+the budgeted LM would record (`run.request_digest` over the profile's model and the request
+as sent, after `lm._with_profile_limits`, the same function the budgeted LM sends through),
+and when an unused recorded call has that digest it answers with the recorded response: no
+grant, no provider call, no usage, nothing appended (the record holds the call already). A
+call with no recorded match goes to the budgeted LM, whose grant id comes from the recorder,
+past every recorded index, so a live call never takes a recorded call's key.
+"""
+
+import asyncio
+from typing import Any
+
+import dspy
+from dspy.lm15 import Request, Response
+
+from fleet_agent.engine.recorder import RunRecorder
+from fleet_agent.engine.resume import Resume
+from fleet_agent.lm import BudgetedEngine, LmCallFailed, _messages, _with_profile_limits
+from fleet_events.run import request_digest
+
+
+class JournalEngine:
+    """dspy's sync engine protocol: recorded answers first, then the budgeted LM."""
+
+    def __init__(self, inner: BudgetedEngine, resume: Resume, recorder: RunRecorder) -> None:
+        self.inner = inner
+        self.resume = resume
+        self.recorder = recorder
+
+    def complete(self, request: Request) -> Response:
+        if not self.resume.calls_left:
+            return self.inner.complete(request)
+        stored, _ = self.inner.runner.run(self.inner._resolve(), timeout=30)
+        model = stored.profile.model
+        messages, params = _messages(_with_profile_limits(request, stored.profile))
+        call = self.resume.take_call(request_digest(model, messages, params))
+        if call is None:
+            return self.inner.complete(request)
+        self.recorder.reused_call(call.call_id, call.kind)
+        if call.error:
+            raise LmCallFailed(call.error)  # the recorded call failed: it fails the same way
+        return self.resume.response(call, model)
+
+    def stream(self, request: Request) -> Any:
+        return self.inner.stream(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class AsyncJournalEngine:
+    def __init__(self, sync: JournalEngine) -> None:
+        self.sync = sync
+
+    async def complete(self, request: Request) -> Response:
+        return await asyncio.to_thread(self.sync.complete, request)
+
+    def stream(self, request: Request) -> Any:
+        return self.sync.stream(request)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def journal_lm(lm: Any, resume: Resume, recorder: RunRecorder) -> Any:
+    """`lm` (a `budgeted_lm`) with its engine answering from the run's record first."""
+    engine = JournalEngine(lm.engine, resume, recorder)
+    return dspy.LM(
+        lm.model, engine=engine, async_engine=AsyncJournalEngine(engine), cache=False,
+        num_retries=0,
+    )  # fmt: skip

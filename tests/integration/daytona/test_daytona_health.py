@@ -86,7 +86,7 @@ async def delete(nc: Client, tenant: str, sandbox: str) -> None:
     await rpc.call_verb(nc, verbs.DELETE_SANDBOX, request, target=sandbox, timeout=60)
 
 
-async def test_ready_and_the_probe_say_daytona_is_up(api: Api) -> None:
+async def test_ready_and_the_probe_say_daytona_is_up(api: Api, fake: DaytonaFake) -> None:
     status, body = await ready(api)
     assert status == 200, body
     daytona = component(body, "daytona")
@@ -104,6 +104,11 @@ async def test_ready_and_the_probe_say_daytona_is_up(api: Api) -> None:
     assert probe["latency_ms"] is not None
     assert (probe["error"], probe["guidance"], probe["output_preview"]) == ("", [], "")
     assert "fake-key-never-shown" not in response.text
+    # asked again at once: the cached answer, and Daytona is not asked again
+    listed = fake.count("GET", "/sandbox")
+    again = await api.call("POST", "/api/v1/runtime/tests/daytona", tenant_id(), json={})
+    assert again.json()["checked_at"] == probe["checked_at"]
+    assert fake.count("GET", "/sandbox") == listed
 
 
 async def test_a_429_with_retry_after_is_waited_out_through_the_broker(

@@ -431,7 +431,7 @@ class TestDaytona(Request, frozen=True, kw_only=True):
 
     __test__ = False  # not a pytest class, whatever its name
 
-    timeout_s: float = 10.0
+    timeout_s: float = 20.0
 
 
 class ProbeCheck(msgspec.Struct, frozen=True, kw_only=True):

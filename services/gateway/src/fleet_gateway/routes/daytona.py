@@ -3,8 +3,9 @@
 The broker holds the Daytona client (and its key), so the probe runs there (`sandbox-broker.
 test_daytona`): the settings, the circuit, then one live call, with the earlier system's fields
 (`ok`, `preflight_ok`, `checks`, `guidance`, `latency_ms`, `error`; `output_preview` is always
-empty, kept so both probes share one shape). A broker without Daytona answers `configured:
-false` with what to set. The answer names no key.
+empty, kept so both probes share one shape), cached by the broker for 10 s (`checked_at` says
+when it was taken). A broker without Daytona answers `configured: false` with what to set. The
+answer names no key.
 """
 
 from datetime import datetime
@@ -30,7 +31,7 @@ SLACK_S = 5.0  # over the probe's own timeout: the broker's preflight and reply
 
 
 class DaytonaProbeRequest(BaseModel):
-    timeout_s: float = Field(default=10.0, gt=0, le=60)
+    timeout_s: float = Field(default=20.0, gt=0, le=60)  # the earlier system's 20 s
 
 
 class DaytonaCheck(BaseModel):

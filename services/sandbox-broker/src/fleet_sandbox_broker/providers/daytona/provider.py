@@ -81,6 +81,7 @@ class DaytonaSettings:
     labels: dict[str, str] = field(default_factory=dict)
     max_tool_calls: int = 8  # host calls in flight per sandbox
     host_wait_s: float = 600.0  # the longest a cell's host calls may keep it waiting, in all
+    probe_cache_s: float = 10.0  # a probe's answer is reused this long
 
 
 def _slot(context: str) -> str:
@@ -543,6 +544,9 @@ class DaytonaProvider:
         self.circuit = Circuit(settings.circuit_threshold, settings.circuit_cool_s)
         self.call = Caller(self.circuit, settings.attempts, settings.deadline_s)
         self.gate = CallbackGate(max_in_flight=settings.max_tool_calls)
+        # when, whether the circuit was open then, and what it said
+        self._probed: tuple[float, bool, DaytonaProbe] | None = None
+        self._probing: asyncio.Future[DaytonaProbe] | None = None
         self.client = AsyncDaytona(
             DaytonaConfig(
                 api_key=settings.api_key, api_url=settings.api_url, target=settings.target
@@ -688,9 +692,25 @@ class DaytonaProvider:
         return self.circuit.health()
 
     async def probe(self, timeout_s: float) -> DaytonaProbe:
-        """`runtime/tests/daytona`: the settings, the circuit, then one live call (a one-item
-        page of this replica's sandboxes), let through even while the circuit is open: its
-        outcome is evidence either way, so it is recorded in the circuit like any call."""
+        """`runtime/tests/daytona`, cached for `probe_cache_s` (as the earlier system cached
+        its probes): a caller asking again and again costs Daytona one call per interval, and
+        concurrent asks share one probe. The answer's `checked_at` says when it was taken; a
+        circuit that opened or closed since makes it stale at once."""
+        now, degraded = time.monotonic(), self.circuit.degraded
+        if self._probed is not None:
+            when, was_degraded, probed = self._probed
+            if now - when < self.settings.probe_cache_s and was_degraded == degraded:
+                return probed
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.ensure_future(self._probe(timeout_s))
+        probed = await asyncio.shield(self._probing)
+        self._probed = (time.monotonic(), self.circuit.degraded, probed)
+        return probed
+
+    async def _probe(self, timeout_s: float) -> DaytonaProbe:
+        """The settings, the circuit, then one live call (a one-item page of this replica's
+        sandboxes), let through even while the circuit is open: its outcome is evidence either
+        way, so it is recorded in the circuit like any call."""
         s = self.settings
         url = urlsplit(s.api_url)
         try:

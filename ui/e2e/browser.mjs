@@ -38,9 +38,19 @@ page.on("console", (m) => {
     problems.push(`console: ${m.text()}`);
 });
 // Every execution socket goes through here, so a test can drop one mid-turn.
+// What the server sent is kept (the streaming test reads the delta frames), and forwarded.
 const sockets = [];
+const received = [];
 await page.routeWebSocket(/\/api\/v1\/ws\/execution/, (ws) => {
-  ws.connectToServer();
+  const server = ws.connectToServer();
+  server.onMessage((message) => {
+    try {
+      received.push(JSON.parse(String(message)));
+    } catch {
+      // not JSON: the page's own check says so
+    }
+    ws.send(message);
+  });
   sockets.push(ws);
 });
 
@@ -93,6 +103,48 @@ async function newSession(mode, message) {
 }
 const cellKeys = () =>
   page.locator("[data-cell]").evaluateAll((els) => els.map((e) => e.dataset.cell));
+
+// WCAG AA: every element holding text, against the first opaque background behind it, at least
+// 4.5:1 (3:1 for large text: 24 px, or 18.66 px bold). Returns what falls short.
+const contrastProblems = () =>
+  page.evaluate(() => {
+    // any CSS colour (Tailwind 4 writes oklch) to [r, g, b, a] through a 1×1 canvas
+    const ctx = document.createElement("canvas").getContext("2d", { willReadFrequently: true });
+    const rgb = (c) => {
+      ctx.clearRect(0, 0, 1, 1);
+      ctx.fillStyle = "#000";
+      ctx.fillStyle = c;
+      ctx.fillRect(0, 0, 1, 1);
+      const [r, g, b, a] = ctx.getImageData(0, 0, 1, 1).data;
+      return [r, g, b, a / 255];
+    };
+    const lum = ([r, g, b]) => {
+      const f = (v) => (v / 255 <= 0.03928 ? v / 255 / 12.92 : ((v / 255 + 0.055) / 1.055) ** 2.4);
+      return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+    };
+    const background = (el) => {
+      for (let e = el; e; e = e.parentElement) {
+        const c = rgb(getComputedStyle(e).backgroundColor);
+        if (c[3] > 0.9) return c;
+      }
+      return rgb(getComputedStyle(document.body).backgroundColor || "#fff");
+    };
+    const bad = [];
+    for (const el of document.querySelectorAll("body *")) {
+      const text = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+      const box = el.getBoundingClientRect();
+      if (!text || box.width === 0 || el.closest("[aria-hidden=true]")) continue;
+      const style = getComputedStyle(el);
+      if (style.visibility === "hidden" || Number(style.opacity) === 0) continue;
+      const [a, b] = [lum(rgb(style.color)), lum(background(el))];
+      const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+      const size = Number.parseFloat(style.fontSize);
+      const large = size >= 24 || (size >= 18.66 && Number(style.fontWeight) >= 700);
+      if (ratio < (large ? 3 : 4.5))
+        bad.push(`${ratio.toFixed(2)}:1 "${el.textContent.trim().slice(0, 40)}" (${style.color})`);
+    }
+    return bad;
+  });
 
 await page.goto(url);
 await page.getByLabel(/Development token/).fill(token);
@@ -163,11 +215,24 @@ await scenario("answer-a-clarification", async () => {
   const asks = page.getByRole("region", { name: "The agent asks" });
   await asks.getByText("Which region?").waitFor({ timeout: T.turn });
   check(await asks.getByRole("button", { name: "eu" }).isVisible(), "the options are not shown");
+  const before = received.length;
   await page.getByLabel("Your answer").fill("eu please");
   await page.getByRole("button", { name: "Answer" }).click();
   await turnEnds();
   const answer = (await page.locator("[data-turn] p").last().textContent())?.trim();
   check(answer === "deploying to eu", `the resumed turn answered ${answer}`);
+  // the answer came as assistant_token deltas before the stored turn.completed
+  const after = received.slice(before);
+  const tokens = after.filter((f) => f.type === "delta" && f.kind === "assistant_token");
+  const done = after.findIndex(
+    (f) => f.type === "event" && f.event?.data?.type === "turn.completed",
+  );
+  check(tokens.length > 0, "no assistant_token delta reached the page");
+  check(
+    tokens.map((f) => f.text).join("") === "deploying to eu",
+    "the deltas do not join to the answer",
+  );
+  check(after.indexOf(tokens[0]) < done, "the first delta came after turn.completed");
 });
 
 await scenario("upload-a-document", async () => {
@@ -180,9 +245,12 @@ await scenario("upload-a-document", async () => {
   await page
     .getByTestId("uploaded")
     .getByText(/attached “notes.*” \(\d+ characters\)/)
-    .waitFor({
-      timeout: T.ui,
-    });
+    .waitFor({ timeout: T.ui });
+  // it goes with the next message (document_ids), listed until then
+  await page
+    .getByRole("list", { name: "Documents for the next message" })
+    .getByText(/notes/)
+    .waitFor({ timeout: T.ui });
 });
 
 await scenario("restore-and-scrub", async () => {
@@ -246,6 +314,34 @@ await scenario("export-import-audit", async () => {
     .waitFor({ timeout: T.ui });
 });
 
+await scenario("settings-validation-and-daytona-test", async () => {
+  await page.getByRole("link", { name: "Settings", exact: true }).click();
+  const depth = page.locator("#setting-rlm_max_depth");
+  await depth.waitFor({ timeout: T.ui });
+  await depth.fill("deep");
+  await page.getByRole("button", { name: "Save settings" }).click();
+  const row = page.locator("[data-setting=rlm_max_depth]");
+  await row
+    .getByRole("alert")
+    .getByText("rlm_max_depth (env RLM_MAX_DEPTH) must be a non-negative integer, got 'deep'")
+    .waitFor({ timeout: T.ui });
+  check((await depth.getAttribute("aria-invalid")) === "true", "the refused field is not marked");
+  await page.screenshot({ path: `${out}/${String(shot).padStart(2, "0")}-settings-refused.png` });
+  await depth.fill("4");
+  await page.getByRole("button", { name: "Save settings" }).click();
+  await page.getByText("settings saved").waitFor({ timeout: T.ui });
+  await row.getByText(/from tenant \(default 3\)/).waitFor({ timeout: T.ui });
+  await page.getByRole("button", { name: "Test Daytona" }).click();
+  // no Daytona here: the probe says what to set, plainly (or the refusal does)
+  await page
+    .getByTestId("probe-daytona")
+    .or(page.getByRole("alert").filter({ hasText: /daytona/i }))
+    .first()
+    .waitFor({ timeout: T.turn });
+  await row.getByRole("button", { name: "Use the default" }).click();
+  await row.getByText(/from default/).waitFor({ timeout: T.ui });
+});
+
 await scenario("settings-profile-used-by-a-turn", async () => {
   check(lmUrl, "the scripted LM's URL was not given");
   await page.getByRole("link", { name: "Settings", exact: true }).click();
@@ -276,6 +372,72 @@ await scenario("settings-profile-used-by-a-turn", async () => {
     .getByRole("cell", { name: /scripted-alt/ })
     .first()
     .waitFor({ timeout: T.ui });
+});
+
+await scenario("usage-plot", async () => {
+  await page.getByRole("tab", { name: "Usage" }).click();
+  const plot = page.getByTestId("turn-plot");
+  await plot.getByRole("img", { name: /tokens per turn: turn 1 \d+/ }).waitFor({ timeout: T.ui });
+  await plot.getByRole("img", { name: /LM latency per turn/ }).waitFor({ timeout: T.ui });
+  await plot.getByText(/Session: [1-9]\d* calls · [1-9]\d* tokens in/).waitFor({ timeout: T.ui });
+});
+
+await scenario("sandboxes-inspect", async () => {
+  await page.getByRole("link", { name: "Sandboxes", exact: true }).click();
+  const table = page.getByRole("region", { name: "Sandboxes" });
+  const first = table.locator("tbody button").first();
+  await first.waitFor({ timeout: T.ui }); // the turns above ran in sandboxes
+  const id = (await first.textContent())?.trim();
+  await first.click();
+  const detail = page.getByRole("region", { name: "Sandbox detail" });
+  await detail.getByText(`"sandbox": "${id}"`).waitFor({ timeout: T.ui });
+  await detail.getByText(/"provider": "\w+"/).waitFor({ timeout: T.ui });
+});
+
+await scenario("volumes-browse", async () => {
+  await page.getByRole("link", { name: "Volumes", exact: true }).click();
+  const volume = page.getByRole("region", { name: "Volume" });
+  // the session sandboxes above mount the tenant's volume; its listing (or "empty") shows
+  await volume
+    .getByRole("button")
+    .filter({ hasText: /📁|📄/ })
+    .first()
+    .or(volume.getByText("empty", { exact: true }))
+    .or(volume.getByText(/No sandbox of yours mounts a volume/))
+    .first()
+    .waitFor({ timeout: T.ui });
+  const alerts = await volume.getByRole("alert").allTextContents();
+  check(alerts.length === 0, `the volume screen refused: ${alerts}`);
+  // a volume the tenant does not have is the gateway's plain 404, naming it
+  await volume.getByLabel("Volume").fill("nope");
+  await volume
+    .getByRole("alert")
+    .getByText(/\(HTTP 404\): .*'nope'/)
+    .waitFor({ timeout: T.ui });
+  await page.screenshot({ path: `${out}/${String(shot).padStart(2, "0")}-volume-not-found.png` });
+  const dirs = volume.getByRole("button").filter({ hasText: "📁" });
+  if (await dirs.count()) await dirs.first().click();
+  const files = volume.getByRole("button").filter({ hasText: "📄" });
+  if (await files.count()) {
+    await files.first().click();
+    await page
+      .getByRole("region", { name: "Preview" })
+      .getByText(/bytes shown|A binary file/)
+      .waitFor({ timeout: T.ui });
+  }
+});
+
+await scenario("contrast-wcag-aa", async () => {
+  const bad = [];
+  for (const screen of ["Settings", "Sessions", "Sandboxes", "Volumes", "Workspace"]) {
+    await page.getByRole("link", { name: screen, exact: true }).click();
+    await page.waitForLoadState("networkidle");
+    bad.push(...(await contrastProblems()).map((p) => `${screen}: ${p}`));
+  }
+  await page.getByRole("link", { name: new RegExp(first) }).click();
+  await page.locator("[data-cell]").first().waitFor({ timeout: T.ui });
+  bad.push(...(await contrastProblems()).map((p) => `session: ${p}`));
+  check(bad.length === 0, `below WCAG AA: ${bad.slice(0, 8).join("; ")}`);
 });
 
 await browser.close();

@@ -42,7 +42,7 @@ describe("Api", () => {
 
   it("says plainly when the gateway has no such route yet", async () => {
     const api = new Api("t", answering(404, { code: "route_not_found", message: "GET /x" }));
-    const error = await failed(api.volumeTree(""));
+    const error = await failed(api.volumeTree("vol", ""));
     expect(error.code).toBe("route_not_found");
     expect(error.message).toMatch(/no such route yet/);
   });

@@ -194,28 +194,42 @@ export interface RuntimeStatus {
   components: { name: string; kind: string; state: string; detail?: string }[];
 }
 
-/** `GET /runtime/settings`: the earlier system's shape (reference §3), read tolerantly. */
-export interface RuntimeSettings {
-  keys?: string[];
-  values?: Record<string, unknown>;
-  masked_values?: Record<string, unknown>;
-  [k: string]: unknown;
+export interface RuntimeSetting {
+  key: string;
+  env: string;
+  description: string;
+  value: string;
+  source: "tenant" | "global" | "default";
+  default: string;
+  choices: string[];
+  integer: boolean;
+  tenant_value: string | null;
+  global_value: string | null;
+  secret: boolean;
 }
 
-export interface VolumeEntry {
-  name: string;
+/** `GET /runtime/settings` (fleet_gateway.routes.settings). */
+export interface RuntimeSettings {
+  tenant: string;
+  can_edit_global: boolean;
+  items: RuntimeSetting[];
+}
+
+export interface VolumeTree {
+  volume: string;
   path: string;
-  kind?: string;
-  type?: string;
-  is_dir?: boolean;
-  size?: number | null;
+  entries: { name: string; kind: "file" | "dir" | "other"; size: number }[];
+  truncated: boolean;
 }
 
 export interface VolumeFile {
+  volume: string;
   path: string;
+  bytes: number;
+  sha256: string;
+  truncated: boolean;
+  encoding: "utf-8" | "base64";
   content: string;
-  size?: number;
-  truncated?: boolean;
 }
 
 export type Fetch = typeof fetch;
@@ -401,12 +415,14 @@ export class Api {
     return this.call("POST", `/api/v1/sandboxes/${encodeURIComponent(id)}/archive`);
   }
 
-  volumeTree(path: string): Promise<unknown> {
-    return this.call("GET", `/api/v1/runtime/volume/tree?path=${encodeURIComponent(path)}`);
+  volumeTree(volume: string, path: string): Promise<VolumeTree> {
+    const q = new URLSearchParams({ volume, path });
+    return this.call("GET", `/api/v1/runtime/volume/tree?${q}`);
   }
 
-  volumeFile(path: string): Promise<VolumeFile> {
-    return this.call("GET", `/api/v1/runtime/volume/file?path=${encodeURIComponent(path)}`);
+  volumeFile(volume: string, path: string): Promise<VolumeFile> {
+    const q = new URLSearchParams({ volume, path });
+    return this.call("GET", `/api/v1/runtime/volume/file?${q}`);
   }
 
   runtimeStatus(): Promise<RuntimeStatus> {
@@ -417,8 +433,9 @@ export class Api {
     return this.call("GET", "/api/v1/runtime/settings");
   }
 
-  patchSettings(updates: Record<string, unknown>): Promise<Record<string, unknown>> {
-    return this.call("PATCH", "/api/v1/runtime/settings", { updates });
+  /** `null` clears the tenant's value (the global one or the default applies again). */
+  patchSettings(updates: Record<string, string | null>): Promise<RuntimeSettings> {
+    return this.call("PATCH", "/api/v1/runtime/settings", { updates, scope: "tenant" });
   }
 
   profiles(): Promise<{ items: Profile[] }> {

@@ -7,7 +7,7 @@ export type Upload = (
   onProgress: (loaded: number, total: number) => void,
 ) => Promise<Uploaded>;
 
-function Attach({ upload }: { upload: Upload }) {
+function Attach({ upload, onDone }: { upload: Upload; onDone: (doc: Uploaded) => void }) {
   const id = useId();
   const ref = useRef<HTMLInputElement>(null);
   const [progress, setProgress] = useState<{ name: string; loaded: number; total: number } | null>(
@@ -20,9 +20,11 @@ function Attach({ upload }: { upload: Upload }) {
     setError(null);
     setProgress({ name: file.name, loaded: 0, total: file.size });
     try {
-      setDone(
-        await upload(file, (loaded, total) => setProgress({ name: file.name, loaded, total })),
+      const doc = await upload(file, (loaded, total) =>
+        setProgress({ name: file.name, loaded, total }),
       );
+      setDone(doc);
+      onDone(doc);
     } catch (e) {
       setError(e);
     } finally {
@@ -77,6 +79,33 @@ const MODES = [
   ["tools_only", "tools only"],
 ] as const;
 
+/** What a message carries besides its text (docs/websocket.md, the `message` frame). */
+export interface MessageExtras {
+  document_ids?: string[];
+  context_paths?: string[];
+  repo_url?: string;
+  repo_ref?: string;
+}
+
+/** The extras as the frame wants them: empty fields left out, paths one per line or comma. */
+export function extrasOf(
+  documents: readonly string[],
+  paths: string,
+  repoUrl: string,
+  repoRef: string,
+): MessageExtras {
+  const contextPaths = paths
+    .split(/[\n,]/)
+    .map((p) => p.trim())
+    .filter(Boolean);
+  return {
+    ...(documents.length ? { document_ids: [...documents] } : {}),
+    ...(contextPaths.length ? { context_paths: contextPaths } : {}),
+    ...(repoUrl.trim() ? { repo_url: repoUrl.trim() } : {}),
+    ...(repoRef.trim() ? { repo_ref: repoRef.trim() } : {}),
+  };
+}
+
 export function Composer({
   busy,
   onSend,
@@ -84,17 +113,22 @@ export function Composer({
   upload,
 }: {
   busy: boolean;
-  onSend: (content: string, mode: string) => void;
+  onSend: (content: string, mode: string, extras: MessageExtras) => void;
   onCancel: () => void;
   upload?: Upload;
 }) {
   const [content, setContent] = useState("");
   const [mode, setMode] = useState<string>("auto");
+  const [documents, setDocuments] = useState<string[]>([]);
+  const [paths, setPaths] = useState("");
+  const [repoUrl, setRepoUrl] = useState("");
+  const [repoRef, setRepoRef] = useState("");
   const submit = () => {
     const text = content.trim();
     if (!text) return;
-    onSend(text, mode);
+    onSend(text, mode, extrasOf(documents, paths, repoUrl, repoRef));
     setContent("");
+    setDocuments([]);
   };
   return (
     <form
@@ -120,6 +154,52 @@ export function Composer({
           }
         }}
       />
+      {documents.length ? (
+        <ul aria-label="Documents for the next message" className="flex flex-wrap gap-2 text-sm">
+          {documents.map((alias) => (
+            <li key={alias} className="flex items-center gap-1 rounded bg-slate-800 px-2 py-0.5">
+              📄 {alias}
+              <button
+                type="button"
+                aria-label={`remove ${alias} from the next message`}
+                className="px-1 text-slate-200 hover:text-white"
+                onClick={() => setDocuments((d) => d.filter((x) => x !== alias))}
+              >
+                ×
+              </button>
+            </li>
+          ))}
+        </ul>
+      ) : null}
+      <details className="text-sm text-slate-200">
+        <summary className="cursor-pointer">Repository and context paths</summary>
+        <div className="mt-2 grid grid-cols-[9rem_1fr] items-center gap-2">
+          <label htmlFor="repo-url">Repository URL</label>
+          <input
+            id="repo-url"
+            className="rounded border border-slate-600 bg-slate-900 p-1"
+            value={repoUrl}
+            onChange={(e) => setRepoUrl(e.target.value)}
+            placeholder="https://… (the gateway says whether it takes one)"
+          />
+          <label htmlFor="repo-ref">Ref</label>
+          <input
+            id="repo-ref"
+            className="rounded border border-slate-600 bg-slate-900 p-1"
+            value={repoRef}
+            onChange={(e) => setRepoRef(e.target.value)}
+            placeholder="branch, tag or commit"
+          />
+          <label htmlFor="context-paths">Context paths</label>
+          <textarea
+            id="context-paths"
+            className="min-h-12 rounded border border-slate-600 bg-slate-900 p-1"
+            value={paths}
+            onChange={(e) => setPaths(e.target.value)}
+            placeholder="files of the session's checkout, one per line"
+          />
+        </div>
+      </details>
       <div className="flex items-center gap-3">
         <label className="text-sm text-slate-200">
           Execution mode{" "}
@@ -135,7 +215,12 @@ export function Composer({
             ))}
           </select>
         </label>
-        {upload ? <Attach upload={upload} /> : null}
+        {upload ? (
+          <Attach
+            upload={upload}
+            onDone={(doc) => setDocuments((d) => (d.includes(doc.alias) ? d : [...d, doc.alias]))}
+          />
+        ) : null}
         <span className="flex-1" />
         {busy ? (
           <button

@@ -3,9 +3,9 @@
 // gateway's validation messages. Keys are write-only: a profile shows `has_api_key`, never a key.
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState } from "react";
-import { type Api, type ProbeResult, type Profile, ROLES } from "../api/http";
+import { type Api, ApiError, type ProbeResult, type Profile, ROLES } from "../api/http";
 import { useAuth } from "./auth";
-import { ErrorText, problemsOf } from "./ErrorText";
+import { ErrorText } from "./ErrorText";
 import { ms } from "./format";
 import { button, danger, input, primary, Shell } from "./Shell";
 
@@ -273,53 +273,100 @@ function Connectivity({ api }: { api: Api }) {
 }
 
 function RuntimeSettings({ api }: { api: Api }) {
+  const client = useQueryClient();
   const settings = useQuery({ queryKey: ["settings"], queryFn: () => api.settings() });
-  const [edits, setEdits] = useState<Record<string, string>>({});
+  const [edits, setEdits] = useState<Record<string, string | null>>({});
   const save = useMutation({
-    mutationFn: () => api.patchSettings(edits),
-    onSuccess: () => {
+    mutationFn: (updates: Record<string, string | null>) => api.patchSettings(updates),
+    onSuccess: (next) => {
       setEdits({});
-      void settings.refetch();
+      client.setQueryData(["settings"], next);
     },
   });
-  const values = settings.data?.values ?? {};
-  const masked = settings.data?.masked_values ?? {};
-  const keys = settings.data?.keys ?? Object.keys(values);
-  const problems = new Map(
-    problemsOf(save.error).map((p) => [String(p.field ?? "").replace(/^updates\./, ""), p]),
-  );
+  // a refusal names one key (`details.key`); the whole request stored nothing
+  const refused = save.error instanceof ApiError ? String(save.error.details.key ?? "") : "";
+  const items = settings.data?.items ?? [];
   return (
     <section aria-labelledby="settings-h" className="flex flex-col gap-2">
       <h2 id="settings-h" className="text-lg font-semibold">
         Runtime settings
       </h2>
+      <p className="text-sm text-slate-300">
+        Your tenant's value wins over the global one, which wins over the default; every replica
+        reads them at each decision, so a change needs no restart.
+      </p>
       <ErrorText error={settings.error} />
       <form
-        className="grid grid-cols-[16rem_1fr] items-center gap-1 text-sm"
+        aria-label="Runtime settings"
+        className="grid grid-cols-[18rem_1fr] items-start gap-x-3 gap-y-2 text-sm"
         onSubmit={(e) => {
           e.preventDefault();
-          save.mutate();
+          save.mutate(edits);
         }}
       >
-        {keys.map((k) => {
-          const shown = masked[k] ?? values[k];
-          const problem = problems.get(k);
+        {items.map((item) => {
+          const id = `setting-${item.key}`;
+          const value = edits[item.key] ?? item.value;
+          const bad = refused === item.key;
           return (
-            <label key={k} className="contents">
-              <span className="font-mono">{k}</span>
-              <span className="flex flex-col">
-                <input
-                  className={`${input} ${problem ? "border-red-500" : ""}`}
-                  aria-invalid={problem ? true : undefined}
-                  value={edits[k] ?? (shown == null ? "" : String(shown))}
-                  onChange={(e) => setEdits({ ...edits, [k]: e.target.value })}
-                />
-                {problem ? <span className="text-red-300">{problem.problem}</span> : null}
-              </span>
-            </label>
+            <div key={item.key} className="contents" data-setting={item.key}>
+              <label htmlFor={id} className="flex flex-col">
+                <span className="font-mono">{item.key}</span>
+                <span className="text-xs text-slate-300">
+                  {item.env} · from {item.source}
+                  {item.source !== "default" ? ` (default ${item.default || "empty"})` : ""}
+                </span>
+              </label>
+              <div className="flex flex-col gap-1">
+                <div className="flex gap-2">
+                  {item.choices.length ? (
+                    <select
+                      id={id}
+                      className={input}
+                      value={value ?? ""}
+                      aria-invalid={bad || undefined}
+                      onChange={(e) => setEdits({ ...edits, [item.key]: e.target.value })}
+                    >
+                      {item.choices.map((c) => (
+                        <option key={c} value={c}>
+                          {c}
+                        </option>
+                      ))}
+                    </select>
+                  ) : (
+                    <input
+                      id={id}
+                      className={`${input} ${bad ? "border-red-500" : ""}`}
+                      inputMode={item.integer ? "numeric" : undefined}
+                      aria-invalid={bad || undefined}
+                      aria-describedby={`${id}-help`}
+                      value={value ?? ""}
+                      onChange={(e) => setEdits({ ...edits, [item.key]: e.target.value })}
+                    />
+                  )}
+                  {item.tenant_value != null ? (
+                    <button
+                      type="button"
+                      className={button}
+                      onClick={() => save.mutate({ [item.key]: null })}
+                    >
+                      Use {item.global_value != null ? "the global value" : "the default"}
+                    </button>
+                  ) : null}
+                </div>
+                <span id={`${id}-help`} className="text-xs text-slate-300">
+                  {item.description}
+                </span>
+                {bad && save.error instanceof Error ? (
+                  <span role="alert" className="text-red-300">
+                    {save.error.message}
+                  </span>
+                ) : null}
+              </div>
+            </div>
           );
         })}
-        {keys.length ? (
+        {items.length ? (
           <div className="col-span-2">
             <button type="submit" className={primary} disabled={!Object.keys(edits).length}>
               Save settings
@@ -328,7 +375,7 @@ function RuntimeSettings({ api }: { api: Api }) {
         ) : null}
       </form>
       {save.isSuccess ? <p className="text-sm text-emerald-200">settings saved</p> : null}
-      <ErrorText error={save.error} />
+      {save.error && !refused ? <ErrorText error={save.error} /> : null}
     </section>
   );
 }

@@ -159,7 +159,7 @@ function SessionView({
         ) : null}
         <Composer
           busy={Boolean(active)}
-          onSend={(content, mode) =>
+          onSend={(content, mode, extras) =>
             feed.send({
               type: "message",
               content,
@@ -167,6 +167,7 @@ function SessionView({
               turn_id: newId(),
               execution_mode: mode,
               trace_mode: "verbose",
+              ...extras,
             })
           }
           upload={(file, onProgress) => api.uploadDocument(session, file, onProgress)}

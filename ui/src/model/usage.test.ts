@@ -45,19 +45,30 @@ describe("usage per turn", () => {
 });
 
 describe("volume listing", () => {
-  it("reads entries, items or a bare list; directories first", () => {
-    const listed = entries(
-      { entries: [{ name: "b.txt", size: 3 }, { name: "src", kind: "dir" }, { path: "x/a.py" }] },
-      "x",
-    );
+  it("joins paths under the listed directory, directories first", () => {
+    const listed = entries({
+      volume: "v",
+      path: "x/",
+      truncated: false,
+      entries: [
+        { name: "b.txt", kind: "file", size: 3 },
+        { name: "src", kind: "dir", size: 0 },
+        { name: "a.py", kind: "file", size: 9 },
+      ],
+    });
     expect(listed).toEqual([
-      { name: "src", path: "x/src", dir: true, size: null },
-      { name: "a.py", path: "x/a.py", dir: false, size: null },
+      { name: "src", path: "x/src", dir: true, size: 0 },
+      { name: "a.py", path: "x/a.py", dir: false, size: 9 },
       { name: "b.txt", path: "x/b.txt", dir: false, size: 3 },
     ]);
-    expect(entries({ items: [{ name: "d", is_dir: true }] }, "")[0]?.dir).toBe(true);
-    expect(entries([{ name: "f", type: "directory" }], "")[0]?.path).toBe("f");
-    expect(entries("nonsense", "")).toEqual([]);
+    const root = entries({
+      volume: "v",
+      path: "",
+      truncated: false,
+      entries: [{ name: "f", kind: "other", size: 1 }],
+    });
+    expect(root).toEqual([{ name: "f", path: "f", dir: false, size: 1 }]);
+    expect(entries(undefined)).toEqual([]);
     expect(parentOf("a/b/c")).toBe("a/b");
     expect(parentOf("a")).toBe("");
   });

@@ -62,16 +62,17 @@ class Receiver:
     """An OTLP/HTTP trace receiver (`POST /v1/traces`, protobuf or JSON), as a collector is."""
 
     url: str
-    requests: list[tuple[str, ExportTraceServiceRequest]] = field(default_factory=list)
+    requests: list[tuple[str, bool, ExportTraceServiceRequest]] = field(default_factory=list)
+    """(content type, sent by a gateway's live export, the request)."""
     refuse: int = 0
     """Answer this many of the next requests 503, as a collector that is down would."""
     refused: int = 0
 
-    def spans(self, content_type: str) -> dict[bytes, Any]:
+    def spans(self, *, live: bool, content_type: str | None = None) -> dict[bytes, Any]:
         return {
             span.span_id: span
-            for kind, body in self.requests
-            if kind == content_type
+            for kind, by_gateway, body in self.requests
+            if by_gateway == live and content_type in (None, kind)
             for resource in body.resource_spans
             for scope in resource.scope_spans
             for span in scope.spans
@@ -110,7 +111,8 @@ async def receiver() -> AsyncIterator[Receiver]:
             )
         else:
             return web.Response(status=415, text=f"unsupported content type {kind}")
-        got.requests.append((kind, message))
+        live = request.headers.get("User-Agent", "").startswith("fleet-rlm-gateway/")
+        got.requests.append((kind, live, message))
         answer = ExportTraceServiceResponse().SerializeToString()
         return web.Response(body=answer, content_type="application/x-protobuf")
 
@@ -219,11 +221,11 @@ async def test_a_recursive_turn_is_one_trace_in_the_tree_in_otlp_and_live(
             headers={"Content-Type": "application/x-protobuf"},
         )  # fmt: skip
     assert posted.status_code == 200
-    assert set(receiver.spans("application/x-protobuf")) == ids
+    assert set(receiver.spans(live=False)) == ids
 
-    # live: the gateway exported the same spans (as OTLP/JSON) when the turn ended
+    # live: the gateway exported the same spans (OTLP/HTTP protobuf) when the turn ended
     async def live() -> dict[bytes, Any] | None:
-        got = receiver.spans("application/json")
+        got = receiver.spans(live=True, content_type="application/x-protobuf")
         return got if set(got) >= ids else None
 
     streamed = await eventually(live, timeout=30, what="the live export to reach the receiver")
@@ -303,10 +305,10 @@ async def test_two_gateway_replicas_export_each_ended_turn_once(
 
     def exports_of(trace: str) -> int:
         found = 0
-        for kind, body in receiver.requests:
+        for _, live, body in receiver.requests:
             ids = {s.trace_id.hex() for r in body.resource_spans for c in r.scope_spans
                    for s in c.spans}  # fmt: skip
-            found += kind == "application/json" and ids == {trace}
+            found += live and ids == {trace}
         return found
 
     traces: list[str] = []
@@ -328,19 +330,24 @@ async def test_two_gateway_replicas_export_each_ended_turn_once(
 
 
 async def test_a_collector_that_refuses_gets_the_trace_once_it_answers(
-    api: Api, receiver: Receiver
+    processes: Processes, receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The live export acks a turn's message only after a 2xx: a collector answering 503
-    twice still gets the trace, on the third delivery (the retry delay grows: 1 s, then 2 s)."""
+    twice still gets the trace, on the third delivery (the retry delay grows: 1 s, then 2 s).
+    This gateway is told `http/json`, so the same trace also arrives as OTLP/JSON."""
     receiver.refuse = 2
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
     tenant = tenant_id()
-    with ScriptedLM(script) as fake:
-        sid, _ = await _recursive_turn(api, tenant, fake)
-    listed = await api.call("GET", f"/api/v1/sessions/{sid}/traces", tenant)
-    trace = listed.json()["items"][0]["trace_id"]
+    async with running_api(processes.server.url, tmp_path / "gw-json") as api:
+        with ScriptedLM(script) as fake:
+            sid, _ = await _recursive_turn(api, tenant, fake)
+        listed = await api.call("GET", f"/api/v1/sessions/{sid}/traces", tenant)
+        trace = listed.json()["items"][0]["trace_id"]
 
-    async def delivered() -> bool:
-        return any(s.trace_id.hex() == trace for s in receiver.spans("application/json").values())
+        async def delivered() -> bool:
+            got = receiver.spans(live=True, content_type="application/json")
+            return any(s.trace_id.hex() == trace for s in got.values())
 
-    await eventually(delivered, timeout=30, what="the trace after the collector came back")
+        await eventually(delivered, timeout=30, what="the trace after the collector came back")
     assert receiver.refused == 2

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
+import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -236,3 +237,17 @@ def test_the_collector_is_named_from_otels_variables_and_logged_without_credenti
     assert own is not None
     assert own.url == "http://c:4318/custom?token=t"
     assert "token" not in own.shown
+
+
+def test_the_protobuf_body_is_the_same_request_and_protocols_are_checked() -> None:
+    document = otlp.export_request([build(TENANT, SESSION, TURN, log())], service_version="1")
+    parsed = ExportTraceServiceRequest.FromString(otlp.protobuf(document))
+    again = json_format.ParseDict(_protobuf_json(document), ExportTraceServiceRequest())
+    assert parsed == again
+    default = OtlpTarget.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:1"})
+    assert default is not None
+    assert default.protocol == "http/protobuf"
+    with pytest.raises(ValueError, match=r"'grpc'.*http/protobuf, http/json"):
+        OtlpTarget.from_env(
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+        )

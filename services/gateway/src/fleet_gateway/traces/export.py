@@ -1,5 +1,6 @@
 """Live OTLP export: with `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) set, each
-turn's trace is POSTed as OTLP/JSON to the collector as soon as the turn ends.
+turn's trace is POSTed to the collector (OTLP/HTTP, protobuf unless `OTEL_EXPORTER_OTLP_
+PROTOCOL` is `http/json`) as soon as the turn ends.
 
 Which process exports: the gateways, through one durable pull consumer (`gateway-otel-export`)
 on the session logs that every replica binds to, so each ended turn is exported by exactly one
@@ -52,15 +53,21 @@ def _tag(kind: type[Event]) -> str:
 ENDED = frozenset(_tag(kind) for kind in (TurnCompleted, TurnFailed, TurnCancelled))
 
 
+PROTOCOLS = ("http/protobuf", "http/json")
+
+
 @dataclass(frozen=True)
 class OtlpTarget:
     url: str
     headers: dict[str, str]
+    protocol: str = "http/protobuf"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "OtlpTarget | None":
         """OpenTelemetry's own variables: the traces endpoint as is, or the base endpoint plus
-        `/v1/traces`; `OTEL_EXPORTER_OTLP_HEADERS` as `k=v,k2=v2`. Neither set: no export."""
+        `/v1/traces`; `OTEL_EXPORTER_OTLP_HEADERS` as `k=v,k2=v2`; `..._PROTOCOL`
+        `http/protobuf` (the default, as OpenTelemetry's) or `http/json`. Neither endpoint
+        set: no export. Another protocol (`grpc`) is refused, naming the allowed ones."""
         env = os.environ if env is None else env
         url = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
         if not url:
@@ -76,7 +83,17 @@ class OtlpTarget:
             key, _, value = pair.partition("=")
             if key.strip() and value.strip():
                 headers[key.strip()] = value.strip()
-        return cls(url=url, headers=headers)
+        protocol = (
+            env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        ).strip()
+        if protocol not in PROTOCOLS:
+            raise ValueError(
+                f"OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not served by the gateway's trace "
+                f"export: use one of {', '.join(PROTOCOLS)} (gRPC is not)"
+            )
+        return cls(url=url, headers=headers, protocol=protocol)
 
     @property
     def shown(self) -> str:
@@ -172,7 +189,13 @@ class LiveExporter:
         events = await reading.session_events(self._store, self._codec, tenant, session)
         trace = build(tenant, session, turn, events)
         body = otlp.export_request([trace], service_version=self._version, replica=self._replica)
-        response = await client.post(self._target.url, json=body, headers=self._target.headers)
+        headers = {**self._target.headers, "User-Agent": f"fleet-rlm-gateway/{self._version}"}
+        if self._target.protocol == "http/json":
+            response = await client.post(self._target.url, json=body, headers=headers)
+        else:
+            headers["Content-Type"] = "application/x-protobuf"
+            content = otlp.protobuf(body)
+            response = await client.post(self._target.url, content=content, headers=headers)
         if response.status_code // 100 != 2:
             raise ExportFailed(f"{self._target.shown} answered {response.status_code}")
         self.exported += 1
@@ -183,7 +206,11 @@ async def start(
 ) -> Callable[[], Awaitable[None]] | None:
     """Start the exporter when the environment names a collector; the coroutine function it
     returns stops it. None: no collector configured, nothing started."""
-    target = OtlpTarget.from_env()
+    try:
+        target = OtlpTarget.from_env()
+    except ValueError as exc:  # telemetry misconfigured: said loudly, the gateway serves on
+        log.error("trace export is off", extra={"problem": str(exc)})
+        return None
     if target is None:
         return None
     exporter = LiveExporter(js, store, codec, target, replica=replica, version=version)

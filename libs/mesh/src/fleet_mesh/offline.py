@@ -33,7 +33,7 @@ def check_lines(
     and with `within` a pinned subject missing from the lines is a fault too. The export's own
     key-set line is skipped: the verifier checks against the keys it is given, never those the
     file brings."""
-    fault = _checkpoint_fault(checkpoints, keys)
+    fault = checkpoint_fault(checkpoints, keys)
     if fault is not None:
         return 0, fault
     pinned = CheckpointIndex.of(checkpoints, within) if checkpoints else None
@@ -65,7 +65,9 @@ def exported_keys(lines: Iterable[bytes]) -> KeySet | None:
     return None
 
 
-def _checkpoint_fault(checkpoints: Sequence[Checkpoint], keys: KeySet | None) -> ChainFault | None:
+def checkpoint_fault(checkpoints: Sequence[Checkpoint], keys: KeySet | None) -> ChainFault | None:
+    """Why `checkpoints` cannot be used (unsigned by a pinned checkpoint key, or their chain
+    broken), or None; the store's `verify` applies the same rule on the server."""
     if not checkpoints:
         return None
     if keys is None:

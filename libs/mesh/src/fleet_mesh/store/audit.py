@@ -23,7 +23,7 @@ class Auditor(Reader):
     ) -> Verification:
         """Check every chain under `filter_subject`; name the first bad event. With `keys`,
         signatures too; with `checkpoints`, the heads they pin (`records.verify_export`)."""
-        fault = offline._checkpoint_fault(checkpoints, keys)
+        fault = offline.checkpoint_fault(checkpoints, keys)
         if fault is not None:
             return Verification(0, fault)
         verifier = ChainVerifier(

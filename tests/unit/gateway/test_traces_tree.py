@@ -19,6 +19,7 @@ from fleet_events.run import (
     ChildRunCompleted,
     ChildRunFailed,
     ChildRunRequested,
+    Escalated,
     IterationPlanned,
     LlmCalled,
     RunCompleted,
@@ -251,3 +252,28 @@ def test_the_protobuf_body_is_the_same_request_and_protocols_are_checked() -> No
         OtlpTarget.from_env(
             {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
         )
+
+
+def test_a_chat_agent_turn_nests_its_tools_and_says_where_it_escalated() -> None:
+    """The chat agent (ReAct) calls tools outside any cell and may escalate to the RLM."""
+    chat = "chat-run"
+    events = [
+        env(0, TurnRequested(message="look it up")),
+        env(1, RunStarted(kind="chat", tree="tree", task="look it up"), chat),
+        llm(30, chat, "", 20),  # a call with no call id: under its run
+        env(31, IterationPlanned(index=0, tool="search"), chat),
+        env(32, ToolCalled(call_id="t1", tool="search", args={"q": "x"}), chat),
+        env(40, ToolReturned(call_id="t1", tool="search", error="offline"), chat),
+        env(41, Escalated(from_module="react", to_module="rlm", rule="tools_needed"), chat),
+        env(50, RunFailed(error="gave up"), chat),
+        env(51, TurnCompleted(answer="sorry")),
+    ]
+    trace = build(TENANT, SESSION, TURN, events)
+    named = {s.name: s for s in trace.spans}
+    run, tool = named["invoke_agent chat"], named["execute_tool search"]
+    assert tool.parent_id == run.span_id
+    assert (tool.status, tool.error, tool.duration_ms) == ("error", "offline", 8.0)
+    assert named["chat openai/scripted"].parent_id == run.span_id
+    assert run.attributes["fleet.run.escalated"] == "react->rlm"
+    assert named["iteration 0"].attributes["fleet.iteration.tool"] == "search"
+    assert (run.status, run.error) == ("error", "gave up")

@@ -136,11 +136,14 @@ def main() -> int:
           f"React's render and commit p50 {commit.p50_ms:.1f} ms p95 {commit.p95_ms:.1f} ms, "
           "the rest is style, layout and paint", flush=True)  # fmt: skip
     if args.profile:
-        prof = out["profile"]
-        print(f"== profile of one round of time-travel steps: {prof['total_ms']:.0f} ms sampled, "
-              "self time by function", flush=True)  # fmt: skip
-        for where, ms in prof["top"]:
-            print(f"   {ms:8.1f} ms  {where}", flush=True)
+        for part, what in (("live", f"the {args.events}-event live turn"),
+                           ("travel", "one round of time-travel steps")):  # fmt: skip
+            prof = out["profile"][part]
+            print(f"== profile of {what}: {prof['total_ms']:.0f} ms sampled, self time by "
+                  "function ((program) is the browser's own work: style, layout, paint; "
+                  "(idle) is idle)", flush=True)  # fmt: skip
+            for where, ms in prof["top"]:
+                print(f"   {ms:8.1f} ms  {where}", flush=True)
     return 0
 
 

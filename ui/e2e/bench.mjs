@@ -58,27 +58,30 @@ for (let round = 0; round < opt.rounds; round++) {
   out.travel.project.push(await travel(true));
 }
 if (opt.profile) {
-  // Where a time-travel step's main-thread time goes: the CPU profile's self time per function.
+  // Where the main thread's time goes: the CPU profile's self time per function, for one live
+  // turn and one round of time-travel steps.
   const cdp = await page.context().newCDPSession(page);
   await cdp.send("Profiler.enable");
   await cdp.send("Profiler.setSamplingInterval", { interval: 200 });
-  await cdp.send("Profiler.start");
-  await travel(true);
-  const { profile } = await cdp.send("Profiler.stop");
-  const self = new Map();
-  const byId = new Map(profile.nodes.map((n) => [n.id, n]));
-  const dt = profile.timeDeltas;
-  profile.samples.forEach((id, i) => {
-    const f = byId.get(id)?.callFrame;
-    const where = f
-      ? `${f.functionName || "(anonymous)"} ${f.url.split("/").pop()}:${f.lineNumber}`
-      : "?";
-    self.set(where, (self.get(where) ?? 0) + (dt[i] ?? 0) / 1000);
-  });
-  const total = [...self.values()].reduce((a, b) => a + b, 0);
+  const profiled = async (run) => {
+    await cdp.send("Profiler.start");
+    await run();
+    const { profile } = await cdp.send("Profiler.stop");
+    const self = new Map();
+    const byId = new Map(profile.nodes.map((n) => [n.id, n]));
+    profile.samples.forEach((id, i) => {
+      const f = byId.get(id)?.callFrame;
+      const name = f
+        ? `${f.functionName || "(anonymous)"} ${f.url.split("/").pop()}:${f.lineNumber}`
+        : "?";
+      self.set(name, (self.get(name) ?? 0) + (profile.timeDeltas[i] ?? 0) / 1000);
+    });
+    const total = [...self.values()].reduce((a, b) => a + b, 0);
+    return { total_ms: total, top: [...self.entries()].sort((a, b) => b[1] - a[1]).slice(0, 12) };
+  };
   out.profile = {
-    total_ms: total,
-    top: [...self.entries()].sort((a, b) => b[1] - a[1]).slice(0, 15),
+    live: await profiled(() => live(opt.events, opt.overMs, true, "execution")),
+    travel: await profiled(() => travel(true)),
   };
 }
 await browser.close();

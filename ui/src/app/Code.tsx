@@ -23,11 +23,13 @@ function load(): Promise<Highlighter> {
 const queue = new Set<() => void>();
 let draining = false;
 function drain(deadline?: IdleDeadline) {
+  // while the idle period lasts; one job only when called without one or past its timeout
+  let done = 0;
   for (const job of queue) {
-    if (deadline && deadline.timeRemaining() < 4 && !deadline.didTimeout) break;
+    if (done && (!deadline || deadline.didTimeout || deadline.timeRemaining() < 4)) break;
     queue.delete(job);
     job();
-    if (!deadline) break;
+    done += 1;
   }
   draining = queue.size > 0;
   if (draining) schedule();

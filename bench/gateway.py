@@ -15,6 +15,9 @@ gateway as a real process:
 3. `GET /api/v1/sessions` of a tenant with 10,000 sessions: p50 (goal ≤ 20 ms).
 
 Run: `.venv/bin/python bench/gateway.py [--quick]`. Figures print; nothing is asserted.
+Before / after a change, side by side in one run: `git worktree add /tmp/before <commit>`, then
+`.venv/bin/python bench/gateway.py --compare-with /tmp/before/services/gateway/src` (the
+fan-out loads only, the two gateways alternating round by round).
 """
 
 import argparse
@@ -250,6 +253,71 @@ async def list_sessions(store: EventStore, base: str, token: str, count: int) ->
     )
 
 
+GATEWAY_ENV = {
+    # the bench measures the routes, not the per-tenant rate limit in front of them
+    "FLEET_GATEWAY_TENANT_RPS": "100000", "FLEET_GATEWAY_TENANT_BURST": "100000",
+}  # fmt: skip
+
+
+async def compare(before_src: Path, rounds: int, seconds: float) -> None:
+    """The fan-out loads only, side by side in one run: a gateway from `before_src` (the
+    `services/gateway/src` of another checkout, e.g. a `git worktree` of an older commit)
+    and this tree's, each started fresh, alternating round by round so both meet the same
+    machine; per round one line each, then the medians."""
+    import httpx as client_lib
+
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        nats = NatsServer(store_dir=tmp / "nats", sync_interval="2m").start()
+        nc = await connect(nats.url, name="bench-gateway")
+        await bootstrap(nc.jetstream(), env={})
+        store = await open_store(nc.jetstream(), streams.SESSIONS)
+        variants = {"before": {"PYTHONPATH": str(before_src)}, "after": {}}
+        seen: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+        try:
+            for _ in range(rounds):
+                for name, extra in variants.items():
+                    port, data = free_port(), tmp / "gw"
+                    launcher = Launcher(nats_url=nats.url, log_dir=tmp)
+                    (gateway,) = launcher.start("gateway", env={
+                        "FLEET_GATEWAY_PORT": str(port), "FLEET_GATEWAY_DATA_DIR": str(data),
+                        **GATEWAY_ENV, **extra,
+                    })  # fmt: skip
+                    base = f"http://127.0.0.1:{port}"
+                    async with client_lib.AsyncClient() as http:
+                        for _ in range(600):
+                            try:
+                                if (await http.get(base + "/health")).status_code == 200:
+                                    break
+                            except client_lib.HTTPError:  # not listening yet
+                                pass
+                            await asyncio.sleep(0.05)
+                    token = issue_token(signing_secret(data), tenant=TENANT, user="bench")
+                    try:
+                        for clients, rate in ((10, 1000), (100, 50)):
+                            r = await fanout(
+                                store, base, token, clients, rate, seconds, tmp=tmp,
+                                nats_url=nats.url, gateway_pid=gateway.pid,
+                            )  # fmt: skip
+                            print(f"{name:>6}:" + line(r)[1:], flush=True)
+                            seen.setdefault((name, clients, rate), []).append(r)
+                    finally:
+                        launcher.stop_all()
+            print("medians over the rounds (before | after):")
+            for clients, rate in ((10, 1000), (100, 50)):
+                cells = []
+                for key in ("p50", "p99", "floor_p99", "cpu_us"):
+                    b, a = (
+                        statistics.median(r[key] for r in seen[(n, clients, rate)])
+                        for n in variants
+                    )
+                    cells.append(f"{key} {b:.1f} | {a:.1f}")
+                print(f"  {clients:>3} clients x {rate:>5}/s: " + ", ".join(cells))
+        finally:
+            await nc.close()
+            nats.stop()
+
+
 async def main(quick: bool) -> None:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -261,9 +329,7 @@ async def main(quick: bool) -> None:
         port, data = free_port(), tmp / "gw"
         launcher = Launcher(nats_url=nats.url, log_dir=tmp)
         (gateway,) = launcher.start("gateway", env={
-            "FLEET_GATEWAY_PORT": str(port), "FLEET_GATEWAY_DATA_DIR": str(data),
-            # the bench measures the routes, not the per-tenant rate limit in front of them
-            "FLEET_GATEWAY_TENANT_RPS": "100000", "FLEET_GATEWAY_TENANT_BURST": "100000",
+            "FLEET_GATEWAY_PORT": str(port), "FLEET_GATEWAY_DATA_DIR": str(data), **GATEWAY_ENV,
         })  # fmt: skip
         base = f"http://127.0.0.1:{port}"
         try:
@@ -313,4 +379,15 @@ if __name__ == "__main__":
     else:
         parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         parser.add_argument("--quick", action="store_true", help="smaller loads (a smoke run)")
-        asyncio.run(main(parser.parse_args().quick))
+        parser.add_argument(
+            "--compare-with", type=Path, metavar="GATEWAY_SRC",
+            help="only the fan-out loads, this tree's gateway beside the one in GATEWAY_SRC "
+            "(another checkout's services/gateway/src), alternating rounds",
+        )  # fmt: skip
+        parser.add_argument("--rounds", type=int, default=3, help="rounds of --compare-with")
+        args = parser.parse_args()
+        if args.compare_with is not None:
+            before = args.compare_with.resolve()
+            asyncio.run(compare(before, args.rounds, 1.5 if args.quick else 3.0))
+        else:
+            asyncio.run(main(args.quick))

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from fleet_cli.commands import register
+from fleet_cli.commands import COMMANDS, register
+
+COMMANDS.setdefault("replay", "replay_command")  # `fleet replay` (issue 13.3, fleet_cli.replay)
 
 if TYPE_CHECKING:
     import asyncio

@@ -72,8 +72,8 @@ def test_a_tenant_set_to_daytona_without_daytona_is_refused_naming_what_to_set(
     with pytest.raises(RemoteError) as refused:
         tenant.create_sandbox(labels={"session": "s1"})
     assert refused.value.code == "provider_not_configured"
-    for needed in ("sandbox_provider='daytona'", "DAYTONA_API_KEY", "DAYTONA_API_URL",
-                   "DAYTONA_TARGET", "local"):  # fmt: skip
+    for needed in ("sandbox_provider='daytona' (the tenant's setting)", "DAYTONA_API_KEY",
+                   "DAYTONA_API_URL", "DAYTONA_TARGET", "local"):  # fmt: skip
         assert needed in refused.value.message
     (event,) = stored(tenant)
     assert isinstance(event, sb.CreateRefused)

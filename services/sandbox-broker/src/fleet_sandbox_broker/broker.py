@@ -132,30 +132,35 @@ class Broker:
     async def provider_for(self, tenant: str) -> Provider:
         """The tenant's provider (`sandbox_provider`: tenant over global, else this broker's
         FLEET_SANDBOX_PROVIDER), or a refusal naming what to set when it has no such one."""
-        name = await self._stored_provider(tenant) or self.settings.provider
+        stored = await self._stored_provider(tenant)
+        name, where = stored or (self.settings.provider, "the broker's FLEET_SANDBOX_PROVIDER")
         found = self.providers.get(name)
         if found is None:
             raise ProviderNotConfigured(
-                f"tenant {tenant!r} has sandbox_provider={name!r}, but this sandbox broker has "
-                f"no {name} provider: set DAYTONA_API_KEY, DAYTONA_API_URL and DAYTONA_TARGET "
-                "on the broker, or set the tenant's sandbox_provider to one of "
-                f"{', '.join(sorted(self.providers))}",
+                f"tenant {tenant!r} has sandbox_provider={name!r} ({where}), but this sandbox "
+                f"broker has no {name} provider: set DAYTONA_API_KEY, DAYTONA_API_URL and "
+                "DAYTONA_TARGET on the broker, or set sandbox_provider (the tenant's, or the "
+                f"global one) to one of {', '.join(sorted(self.providers))}",
                 name,
             )
         return found
 
-    async def _stored_provider(self, tenant: str) -> str | None:
-        """The `sandbox_provider` the config KV holds for the tenant, else globally, else None
-        (`RuntimeConfig.get` would answer the built-in default, hiding that nothing is set)."""
+    async def _stored_provider(self, tenant: str) -> tuple[str, str] | None:
+        """The `sandbox_provider` the config KV holds for the tenant, else globally, and where
+        it was found; None when neither is set (`RuntimeConfig.get` would answer the built-in
+        default, hiding that nothing is set)."""
         if self._config_kv is None:
             self._config_kv = await self.ctx.js.key_value(streams.CONFIG.bucket)
-        for key in (tenant_key(tenant, "sandbox_provider"), global_key("sandbox_provider")):
+        for key, where in (
+            (tenant_key(tenant, "sandbox_provider"), "the tenant's setting"),
+            (global_key("sandbox_provider"), "the global setting"),
+        ):
             try:
                 entry = await self._config_kv.get(key)
             except KeyNotFoundError:
                 continue
             if entry.value:
-                return entry.value.decode()
+                return entry.value.decode(), where
         return None
 
     def provider_of(self, held: "Held | domain.SandboxView") -> Provider:

@@ -255,6 +255,18 @@ await scenario("upload-a-document", async () => {
 
 await scenario("restore-and-scrub", async () => {
   await page.getByRole("link", { name: "Sessions", exact: true }).click();
+  // search by an id prefix: that session alone is listed
+  await page.getByLabel("Search by title or id").fill(first.slice(0, 10));
+  const listed = page.getByRole("navigation", { name: "All sessions" }).getByRole("listitem");
+  await listed
+    .filter({ hasText: first.slice(0, 10) })
+    .first()
+    .waitFor({ timeout: T.ui });
+  await page.waitForFunction(
+    () => document.querySelectorAll('nav[aria-label="All sessions"] li').length === 1,
+    null,
+    { timeout: T.ui },
+  );
   await page.getByRole("button", { name: new RegExp(first) }).click();
   await page
     .getByTestId("audit-badge")

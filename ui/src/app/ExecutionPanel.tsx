@@ -122,7 +122,10 @@ export function ExecutionPanel({ view }: { view: ViewModel }) {
           ))}
         </ol>
       </section>
-      <section aria-label="LLM calls" className="flex flex-col">
+      <section
+        aria-label="LLM calls"
+        className="flex flex-col [contain-intrinsic-size:auto_30rem] [content-visibility:auto]"
+      >
         <h3 className="mb-2 font-semibold">LLM calls ({view.llmOrder.length})</h3>
         <Earlier hidden={view.llmOrder.length - calls.length} onShow={() => setAll(true)} />
         <table className="w-full text-left text-sm">

@@ -248,7 +248,7 @@ describe("trace tree", () => {
 describe("timeline", () => {
   it("equals viewAt at every sequence, whatever the checkpoint spacing", async () => {
     const { bigSession } = await import("../../bench/shared");
-    const frames = bigSession(250).frames;
+    const frames = bigSession(160).frames;
     // out of order on purpose: a jump back after a jump forward uses the same checkpoints
     const seqs = [0, ...frames.map((f) => f.seq).reverse()];
     const expected = new Map(seqs.map((seq) => [seq, viewAt(frames, seq)]));
@@ -256,7 +256,7 @@ describe("timeline", () => {
       const line = Timeline.of(frames, every);
       for (const seq of seqs) expect(line.at(seq)).toEqual(expected.get(seq));
     }
-  });
+  }, 60_000); // a bound for a loaded CI machine, not a speed claim (bench/ui.py measures)
 
   it("keeps its checkpoints over a longer feed and starts afresh over another one", () => {
     const log = recursiveTurn();

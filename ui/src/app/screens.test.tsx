@@ -1,0 +1,61 @@
+// @vitest-environment jsdom
+import { cleanup, fireEvent, render, screen } from "@testing-library/react";
+import { afterEach, describe, expect, it } from "vitest";
+import { bigSession } from "../../bench/shared";
+import { fold } from "../model/fold";
+import { emptyView } from "../model/view";
+import { ExecutionPanel, SHOWN } from "./ExecutionPanel";
+import { AuditBadge } from "./SessionsPage";
+
+afterEach(cleanup);
+
+describe("audit badge", () => {
+  it("says verified with what was checked, or names the first bad event", () => {
+    const ok = {
+      session_id: "s",
+      ok: true,
+      checked: 12,
+      signatures: true,
+      require_signatures: true,
+      fault: null,
+    };
+    render(<AuditBadge audit={ok} />);
+    expect(screen.getByTestId("audit-badge").textContent).toBe(
+      "✓ verified: 12 events re-hashed, every signature checked against the pinned keys",
+    );
+    cleanup();
+    render(<AuditBadge audit={{ ...ok, signatures: false }} />);
+    expect(screen.getByTestId("audit-badge").textContent).toMatch(
+      /12 events re-hashed \(chain only\)$/,
+    );
+    cleanup();
+    const fault = {
+      subject: "fleet.session.t.s.log",
+      seq: 7,
+      event_id: "e7",
+      reason: "hash mismatch",
+    };
+    render(<AuditBadge audit={{ ...ok, ok: false, checked: 7, fault }} />);
+    const bad = screen.getByRole("alert");
+    expect(bad.textContent).toBe(
+      "✗ does not verify: first bad event e7 (sequence 7 on fleet.session.t.s.log): hash mismatch",
+    );
+  });
+});
+
+describe("execution panel", () => {
+  it("shows the latest cells and calls, and the earlier ones on request", () => {
+    const view = fold(emptyView(), bigSession(1000).frames);
+    expect(view.cellOrder.length).toBeGreaterThan(SHOWN);
+    const { container } = render(<ExecutionPanel view={view} />);
+    const shown = () =>
+      [...container.querySelectorAll("[data-cell]")].map((e) => e.getAttribute("data-cell"));
+    expect(shown()).toEqual(view.cellOrder.slice(-SHOWN));
+    const hidden = view.cellOrder.length - SHOWN;
+    fireEvent.click(
+      screen.getAllByRole("button", { name: `Show ${hidden} earlier` })[0] as HTMLElement,
+    );
+    expect(shown()).toEqual(view.cellOrder);
+    expect(container.querySelectorAll("tbody tr").length).toBe(view.llmOrder.length);
+  });
+});

@@ -10,6 +10,9 @@ from nats.js import JetStreamContext
 from tests.integration.gateway.api_kit import Api, running_api, tenant_id
 
 from fleet_events import streams
+from fleet_harness.waits import eventually
+from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
 
 TOKENS = "/api/v1/auth/tokens"
@@ -144,3 +147,25 @@ async def test_an_expired_token_is_refused_saying_so(
         status, refusal = await _me(api, body["token"])
         assert status == 401
         assert "has expired" in str(refusal["message"])
+
+
+async def test_a_token_store_that_does_not_answer_is_503_not_a_server_error(
+    private_nats: NatsServer, tmp_path: Path
+) -> None:
+    """NATS gone under the gateway: an API token cannot be checked, which is the mesh's
+    trouble (503 auth_unavailable, retry), never a 500 and never a pass."""
+    nc = await connect(private_nats.url, name="bootstrap")
+    await bootstrap(nc.jetstream(), env={})
+    await nc.close()
+    async with running_api(private_nats.url, tmp_path) as api:
+        tenant = tenant_id()
+        token = (await api.call("POST", TOKENS, tenant, json={"name": "x"})).json()["token"]
+        private_nats.stop()
+        response = await api.client.get("/api/v1/auth/me", headers=_bearer(token))
+        assert response.status_code == 503, response.text
+        assert response.json()["code"] == "auth_unavailable"
+        assert response.headers["Retry-After"] == "1"
+        private_nats.start()  # back, so the gateway's runtime drains and stops cleanly
+        await eventually(lambda: api.state.nc is not None and api.state.nc.is_connected,
+                         timeout=30, what="the gateway to reconnect")  # fmt: skip
+        assert (await api.client.get("/api/v1/auth/me", headers=_bearer(token))).status_code == 200

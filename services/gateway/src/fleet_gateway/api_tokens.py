@@ -20,6 +20,7 @@ import time
 from typing import Any, cast
 
 import msgspec
+from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
@@ -57,6 +58,16 @@ def _refused(why: str) -> ApiError:
         "invalid_token",
         f"the API token {why}: issue a new one with POST /api/v1/auth/tokens",
         headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def _unavailable(exc: BaseException) -> ApiError:
+    return ApiError(
+        503,
+        "auth_unavailable",
+        f"the API token store (the gateway's KV on NATS) did not answer ({type(exc).__name__}); "
+        "retry shortly",
+        headers={"Retry-After": "1"},
     )
 
 
@@ -98,6 +109,8 @@ class ApiTokens:
             entry = await self._kv.get(_key(tenant, token_id))
         except KeyNotFoundError:  # never issued, or revoked
             return None
+        except (NatsError, TimeoutError) as exc:
+            raise _unavailable(exc) from exc
         return msgspec.json.decode(entry.value or b"", type=StoredToken)
 
     async def verify(self, token: str) -> Principal:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
+from nats.errors import Error as NatsError
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -131,6 +132,14 @@ class UploadQuota:
                 entry = await self._kv.get(key)
             except KeyNotFoundError:
                 held, revision = None, None
+            except (NatsError, TimeoutError) as exc:
+                raise ApiError(
+                    503,
+                    "quota_unavailable",
+                    f"the upload allowance (the gateway's KV on NATS) did not answer "
+                    f"({type(exc).__name__}); nothing was stored, retry shortly",
+                    headers={"Retry-After": "1"},
+                ) from exc
             else:
                 held = msgspec.json.decode(entry.value or b"", type=Allowance)
                 revision = entry.revision
@@ -159,6 +168,14 @@ class UploadQuota:
                 return
             except (KeyWrongLastSequenceError, APIError):  # another upload charged first
                 continue
+            except (NatsError, TimeoutError) as exc:
+                raise ApiError(
+                    503,
+                    "quota_unavailable",
+                    f"the upload allowance (the gateway's KV on NATS) did not answer "
+                    f"({type(exc).__name__}); nothing was stored, retry shortly",
+                    headers={"Retry-After": "1"},
+                ) from exc
         raise ApiError(
             503,
             "quota_busy",

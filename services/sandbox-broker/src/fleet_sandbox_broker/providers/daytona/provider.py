@@ -95,6 +95,7 @@ def _slot(context: str) -> str:
 # and remove (rmdir is ~1 ms a directory on these disks) ~8 ms more.
 _HELPER = r"""
 import ast as __fa, json as __fj, os as __fo, shutil as __fsh, sys as __fsys
+import tempfile as __ftmp
 import threading as __fth, time as __fti
 
 
@@ -186,6 +187,21 @@ def __fleet_run(code, slot, token, variables, tools, declared):
     g["__fleet_tools"] = list(tools)
     for name in tools:
         g[name] = tool(name)
+    # output written below Python (os.write, a subprocess) is the cell's output too, whatever
+    # the kernel captures: fds 1 and 2 go to a file of the context's while the cell runs
+    capture = g.get("__fleet_capture")
+    if capture is None:
+        capture = g["__fleet_capture"] = __ftmp.TemporaryFile()
+    capture.seek(0)
+    capture.truncate()
+    for stream in (__fsys.stdout, __fsys.stderr, __fsys.__stdout__, __fsys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    saved = [__fo.dup(1), __fo.dup(2)]
+    __fo.dup2(capture.fileno(), 1)
+    __fo.dup2(capture.fileno(), 2)
     try:
         tree = __fa.parse(code, "<fleet-cell>")
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], __fa.Expr) else None
@@ -200,12 +216,24 @@ def __fleet_run(code, slot, token, variables, tools, declared):
         answer = {"kind": "syntax", "error": str(exc)}
     except Exception as exc:
         answer = {"kind": "error", "error": type(exc).__name__ + ": " + str(exc)}
-    __fsys.settrace(None)
+    finally:
+        __fsys.settrace(None)
+        for stream in (__fsys.__stdout__, __fsys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        __fo.dup2(saved[0], 1)
+        __fo.dup2(saved[1], 2)
+        __fo.close(saved[0])
+        __fo.close(saved[1])
     if sub:
         answer = {"kind": "final", "value": sub[0]}
-    # the answer, framed by this execution's token, after everything the cell printed
+    capture.seek(0)
+    below = capture.read().decode("utf-8", "replace")
+    # then the answer, framed by this execution's token, after everything the cell printed
     # (printable ASCII: no control characters for a kernel's stream to mangle)
-    out.write("[fleet-answer " + token + "]" + __fj.dumps(answer, default=repr)
+    out.write(below + "[fleet-answer " + token + "]" + __fj.dumps(answer, default=repr)
               + "[/fleet-answer " + token + "]")
     out.flush()
 """

@@ -217,3 +217,46 @@ async def test_the_checkpointer_itself_refuses_a_session_that_is_not_deleted(
         assert refused.value.code == "bad_request"
         assert "not deleted" in refused.value.message
         assert await _subjects(mesh.store, tenant, live["id"]) != []
+
+
+async def test_a_purge_through_fleet_ups_checkpointer_verifies_with_signatures_required(
+    private_nats: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real wiring: the keys `fleet up` makes, its checkpointer role (`fleet_cli.keys.
+    checkpointing`, which serves the verb), a gateway signing with its own key, an agent's
+    signed run step, and an auditor pinning the key set with signatures required."""
+    import asyncio
+
+    from fleet_cli.keys import SIGNING_KEY_ENV, checkpointing, ensure_keys, key_path
+    from fleet_events.subjects import SERVICES
+
+    data = tmp_path / "data"
+    keys = ensure_keys(data, SERVICES)
+    assert keys.require_signatures
+    nc = await connect(private_nats.url, name="test")
+    await bootstrap(nc.jetstream(), env={})
+    agent = await open_store(
+        nc.jetstream(), streams.SESSIONS, signer=Signer.read(key_path(data, "agent"))
+    )
+    monkeypatch.setenv(SIGNING_KEY_ENV, str(key_path(data, "gateway")))
+    stop = asyncio.Event()
+    try:
+        async with (
+            checkpointing(private_nats.url, data, stop, interval_s=3600) as checkpointer,
+            running_api(private_nats.url, tmp_path / "gw") as api,
+        ):
+            tenant = tenant_id()
+            session = await _deleted_session_with_a_run(api, agent, tenant)
+            purged = await api.client.post(
+                f"/api/v1/sessions/{session}/purge", headers=_admin(api, tenant)
+            )
+            assert purged.status_code == 200, purged.text
+            await checkpointer.checkpoint()
+            checkpoints = read_checkpoints(checkpointer._path)
+            assert checkpoints[-1].number > purged.json()["receipt"]  # the marker is pinned
+            verdict = await agent.verify("fleet.session.>", keys=keys, checkpoints=checkpoints)
+            assert verdict.ok, verdict.fault
+            assert verdict.checked >= 1  # the marker, signed by the gateway
+    finally:
+        stop.set()
+        await nc.close()

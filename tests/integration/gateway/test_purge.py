@@ -227,7 +227,8 @@ async def test_a_purge_through_fleet_ups_checkpointer_verifies_with_signatures_r
     signed run step, and an auditor pinning the key set with signatures required."""
     import asyncio
 
-    from fleet_cli.keys import SIGNING_KEY_ENV, checkpointing, ensure_keys, key_path
+    from fleet_cli.keys import checkpointing, ensure_keys, key_path
+    from fleet_events.signing import SIGNING_KEY_ENV
     from fleet_events.subjects import SERVICES
 
     data = tmp_path / "data"

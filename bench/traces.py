@@ -171,12 +171,17 @@ async def run_bench(url: str, turns: int, children: int, samples: int) -> None:
                 pass
 
         async def debug() -> None:
-            events = await reading.session_events(store, codec, TENANT, SESSION)
-            build(TENANT, SESSION, turn, events)
+            turns = reading.by_turn(await reading.session_events(store, codec, TENANT, SESSION))
+            build(TENANT, SESSION, turn, turns[turn])
 
         async def export() -> None:
-            events = await reading.session_events(store, codec, TENANT, SESSION)
-            otlp.export_request([build(TENANT, SESSION, turn, events)], service_version="b")
+            turns = reading.by_turn(await reading.session_events(store, codec, TENANT, SESSION))
+            otlp.export_request([build(TENANT, SESSION, turn, turns[turn])], service_version="b")
+
+        async def listed() -> None:  # GET /traces: every turn's tree, for its summary
+            turns = reading.by_turn(await reading.session_events(store, codec, TENANT, SESSION))
+            for each, events in turns.items():
+                build(TENANT, SESSION, each, events)
 
         base, proj = await bench.side_by_side(raw, debug, samples=samples, warmup=3, block=10)
         bench.report("one turn's span tree (trace-debug) vs a raw read of the session",
@@ -184,7 +189,8 @@ async def run_bench(url: str, turns: int, children: int, samples: int) -> None:
         cache = reading.SessionCache()
 
         async def polled() -> None:  # a trace read again (a UI polling a turn): the tail only
-            build(TENANT, SESSION, turn, await cache.events(store, codec, TENANT, SESSION))
+            turns = reading.by_turn(await cache.events(store, codec, TENANT, SESSION))
+            build(TENANT, SESSION, turn, turns[turn])
 
         base, proj = await bench.side_by_side(raw, polled, samples=samples, warmup=3, block=10)
         bench.report("the same trace read again, through the replica's cache (a tail read)",
@@ -192,6 +198,9 @@ async def run_bench(url: str, turns: int, children: int, samples: int) -> None:
         base, proj = await bench.side_by_side(raw, export, samples=samples, warmup=3, block=10)
         bench.report("one turn's OTLP/JSON (trace-export) vs a raw read of the session",
                      base, proj, goal="<= 4x", unit="trace")  # fmt: skip
+        base, proj = await bench.side_by_side(raw, listed, samples=samples, warmup=3, block=10)
+        bench.report(f"every turn's tree ({turns} turns, GET /traces) vs the raw read",
+                     base, proj, goal="<= 4x", unit="list")  # fmt: skip
         await split(store, codec, turn, samples)
     finally:
         await nc.close()
@@ -203,9 +212,9 @@ async def split(store: EventStore, codec: Codec, turn: str, samples: int) -> Non
     spans = 0
     for _ in range(samples):
         t0 = time.perf_counter()
-        events = await reading.session_events(store, codec, TENANT, SESSION)
+        events = reading.by_turn(await reading.session_events(store, codec, TENANT, SESSION))
         t1 = time.perf_counter()
-        trace = build(TENANT, SESSION, turn, events)
+        trace = build(TENANT, SESSION, turn, events[turn])
         t2 = time.perf_counter()
         otlp.export_request([trace], service_version="b")
         t3 = time.perf_counter()

@@ -21,5 +21,5 @@ def test_traces_bench_prints_the_ratios_and_the_split() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     out = done.stdout
     assert re.search(r"session: 10 turns x \(1 \+ 2\) runs, [\d,]+ events", out), out
-    assert out.count("ratio p50") == 3, out
+    assert out.count("ratio p50") == 4, out
     assert re.search(r"split of one export \(14 spans\): read\+decode [\d.]+ ms", out), out

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleet_events import Actor, Envelope
 from fleet_events.run import CellExecuted, IterationPlanned, LlmCalled, ToolCalled, ToolReturned
-from fleet_events.session import TraceFeedbackRecorded, TurnRequested
+from fleet_events.session import TraceFeedbackRecorded
 from fleet_gateway.auth import CurrentPrincipal, CurrentTenant
 from fleet_gateway.components import ready
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
@@ -29,6 +29,7 @@ from fleet_gateway.routes.common import version
 from fleet_gateway.sessionlog import session_log
 from fleet_gateway.traces import otlp, reading
 from fleet_gateway.traces.tree import Attr, Span, Trace, build, preview
+from fleet_gateway.traces.tree import trace_id as trace_of
 from fleet_gateway.writes import append_to_log, log_head
 from fleet_mesh.store import EventStore
 
@@ -163,15 +164,15 @@ class FeedbackLogged(BaseModel):
 # -- reading --------------------------------------------------------------------------------
 
 
-async def _session_traces(
-    request: Request, tenant: str, session: str
-) -> tuple[list[Trace], list[Envelope[Any]]]:
+Turns = dict[str, list[Envelope[Any]]]
+
+
+async def _turns(request: Request, tenant: str, session: str) -> Turns:
+    """The session's trace events by turn; 404 unless the caller's tenant has the session."""
     _, store, _ = ready(request.app.state.gateway)
-    await log_head(store, tenant, session)  # 404 unless the caller's tenant has this session
+    await log_head(store, tenant, session)
     log = await session_log(request)
-    events = await _cache(request).events(store, log.codec, tenant, session)
-    asked = [t for t in reading.turns_of(events) if _requested(events, t)]
-    return [build(tenant, session, turn, events) for turn in asked], events
+    return reading.by_turn(await _cache(request).events(store, log.codec, tenant, session))
 
 
 def _cache(request: Request) -> reading.SessionCache:
@@ -183,17 +184,14 @@ def _cache(request: Request) -> reading.SessionCache:
     return cache
 
 
-def _requested(events: list[Envelope[Any]], turn: str) -> bool:
-    return any(e.turn == turn and isinstance(e.data, TurnRequested) for e in events)
-
-
 def _pick(
-    traces: list[Trace], session: str, trace: str | None, turn: str | None
+    turns: Turns, tenant: str, session: str, trace: str | None, turn: str | None
 ) -> tuple[Trace, Literal["trace_id", "turn_id", "latest"]]:
+    """The one trace asked for, built alone (a trace id is the turn's, derived)."""
     if trace is not None:
-        for found in traces:
-            if found.trace_id == trace:
-                return found, "trace_id"
+        for found in turns:
+            if trace_of(tenant, session, found) == trace:
+                return build(tenant, session, found, turns[found]), "trace_id"
         raise ApiError(
             404, "trace_not_found",
             f"no trace {trace!r} in session {session!r}: list them with "
@@ -201,17 +199,17 @@ def _pick(
             details={"trace_id": trace},
         )  # fmt: skip
     if turn is not None:
-        for found in traces:
-            if found.turn == turn:
-                return found, "turn_id"
+        if turn in turns:
+            return build(tenant, session, turn, turns[turn]), "turn_id"
         raise not_found("turn", turn)
-    if not traces:
+    if not turns:
         raise ApiError(
             404, "trace_not_found",
             f"session {session!r} has no turns yet, so no trace: send a message first",
             details={"session_id": session},
         )  # fmt: skip
-    return traces[-1], "latest"
+    latest = list(turns)[-1]
+    return build(tenant, session, latest, turns[latest]), "latest"
 
 
 def _summary(trace: Trace) -> TraceSummary:
@@ -244,7 +242,8 @@ def _count(trace: Trace, *kinds: str) -> int:
 
 @router.get("/sessions/{session_id}/traces", response_model=TraceList, responses=ERRORS)
 async def list_traces(session_id: SessionId, tenant: CurrentTenant, request: Request) -> TraceList:
-    traces, _ = await _session_traces(request, tenant, session_id)
+    turns = await _turns(request, tenant, session_id)
+    traces = [build(tenant, session_id, turn, events) for turn, events in turns.items()]
     return TraceList(session_id=session_id, items=[_summary(t) for t in traces])
 
 
@@ -256,8 +255,8 @@ async def trace_debug(
     trace_id: HexTraceId = None,
     turn_id: TurnId = None,
 ) -> TraceDebug:
-    traces, _ = await _session_traces(request, tenant, session_id)
-    trace, resolved = _pick(traces, session_id, trace_id, turn_id)
+    turns = await _turns(request, tenant, session_id)
+    trace, resolved = _pick(turns, tenant, session_id, trace_id, turn_id)
     root = trace.root
     performance = Performance(
         duration_ms=root.duration_ms, llm_calls=root.llm_calls, tokens_in=root.tokens_in,
@@ -283,9 +282,11 @@ async def trace_export(
 ) -> OtlpExport:
     """Every turn of the session (or the one `trace_id` / `turn_id` names) as OTLP/JSON."""
     ask = body or ExportRequest()
-    traces, _ = await _session_traces(request, tenant, session_id)
+    turns = await _turns(request, tenant, session_id)
     if ask.trace_id is not None or ask.turn_id is not None:
-        traces = [_pick(traces, session_id, ask.trace_id, ask.turn_id)[0]]
+        traces = [_pick(turns, tenant, session_id, ask.trace_id, ask.turn_id)[0]]
+    else:
+        traces = [build(tenant, session_id, turn, events) for turn, events in turns.items()]
     state = request.app.state.gateway
     document = otlp.export_request(traces, service_version=version(), replica=state.replica)
     return OtlpExport(**document)
@@ -352,8 +353,9 @@ async def trace_feedback(
                                    "problem": "trace_id or turn_id is required", "value": ""}]},
         )  # fmt: skip
     tenant, session = principal.tenant, body.session_id
-    traces, _ = await _session_traces(request, tenant, session)
-    trace, _ = _pick(traces, session, body.trace_id, body.turn_id)
+    trace, _ = _pick(
+        await _turns(request, tenant, session), tenant, session, body.trace_id, body.turn_id
+    )
     if body.turn_id is not None and body.trace_id is not None and trace.turn != body.turn_id:
         raise ApiError(
             422, "trace_turn_mismatch",

@@ -110,11 +110,15 @@ async def run_events(
     return (await _decoded(store, codec, subject, types))[0]
 
 
-def turns_of(events: Iterable[Envelope[Any]]) -> list[str]:
-    """The session's turns in the order they were asked (a turn with runs but no request,
-    from a partial log, comes where its first event does)."""
-    seen: dict[str, None] = {}
+def by_turn(events: Iterable[Envelope[Any]]) -> dict[str, list[Envelope[Any]]]:
+    """The session's events grouped by turn, in one pass, for the turns a `turn.requested`
+    asked (in the order their first event came); each group in stream order."""
+    groups: dict[str, list[Envelope[Any]]] = {}
+    asked: set[str] = set()
     for envelope in events:
-        if envelope.turn is not None:
-            seen.setdefault(envelope.turn, None)
-    return list(seen)
+        if envelope.turn is None:
+            continue
+        groups.setdefault(envelope.turn, []).append(envelope)
+        if isinstance(envelope.data, session.TurnRequested):
+            asked.add(envelope.turn)
+    return {turn: group for turn, group in groups.items() if turn in asked}

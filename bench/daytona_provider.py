@@ -1,9 +1,11 @@
 """The daytona provider's own overhead per call, on the contract FAKE (issue 14's benchmark).
 
 Baseline: the SDK alone against the fake (`run_code` in a context; `fork`). Project: the same
-through `DaytonaProvider` (the wrapper, the answer read back from its token file, retries and
-the circuit). The difference is the provider's cost above Daytona's own latency; a real
-Daytona adds its network round trips to both sides. Goal (issue 14): <= 2 ms above the fake.
+through `DaytonaProvider` (the cell helper's call, its framed answer taken out of the output,
+the fd capture, retries and the circuit; for fork, the child's labels). The difference is the
+provider's cost above Daytona's own latency; a real Daytona adds its network round trips to
+both sides. Goal (issue 14): <= 2 ms above the fake. The same through the broker and the bus:
+the provider column of `bench/sandbox.py`; fork per step: `bench/broker_fork_profile.py`.
 
     .venv/bin/python bench/daytona_provider.py [samples]
 """

@@ -286,6 +286,8 @@ class Profile:
     teardown: float = 0.0  # run.completed -> TurnCompleted: tree close, the end's append
     llm_calls: int = 0
     cells_run: int = 0
+    query_overhead: float = 0.0  # per llm_query beyond its model time (median, see below)
+    step_overhead: float = 0.0  # per step call beyond its model time (median)
 
     @property
     def cell_overhead(self) -> float:
@@ -315,6 +317,7 @@ async def profile_of(turns: Turns, session: str, turn: str) -> Profile:
         setup=ms(at[TurnStarted], at[RunStarted]), run_wall=ms(at[RunStarted], last),
         teardown=ms(last, end),
     )  # fmt: skip
+    p.query_overhead, p.step_overhead = call_overheads(events)
     for envelope in events:
         data: Event = envelope.data
         if isinstance(data, LlmCalled):
@@ -329,6 +332,32 @@ async def profile_of(turns: Turns, session: str, turn: str) -> Profile:
         elif isinstance(data, ToolReturned) and data.tool.startswith("sub_rlm"):
             p.children += data.duration_ms
     return p
+
+
+def call_overheads(events: list[Envelope[Any]]) -> tuple[float, float]:
+    """Per call, what the mesh adds to a model call, from the record's timestamps (each
+    `run.llm_called` is stamped as the call returns): for the second `llm_query` of a cell,
+    the time since the first one's record less its own model time (the first's record and
+    usage, the relay back into the sandbox and out again, the grant); for a step call, the
+    time since the last cell's record less its model time (the grant, the prompt, the
+    record of the plan before it). Medians, in ms."""
+    queries: list[float] = []
+    steps: list[float] = []
+    last_query: dict[str, datetime] = {}
+    last_cell: datetime | None = None
+    for envelope in events:
+        data = envelope.data
+        if isinstance(data, LlmCalled) and data.request_kind != "step" and data.cell:
+            before = last_query.get(data.cell)
+            if before is not None:
+                queries.append(ms(before, envelope.ts) - data.latency_ms)
+            last_query[data.cell] = envelope.ts
+        elif isinstance(data, LlmCalled) and data.request_kind == "step" and last_cell:
+            steps.append(ms(last_cell, envelope.ts) - data.latency_ms)
+        elif isinstance(data, CellExecuted):
+            last_cell = envelope.ts
+    median = statistics.median
+    return (median(queries) if queries else 0.0), (median(steps) if steps else 0.0)
 
 
 def mean_profile(profiles: list[Profile]) -> Profile:
@@ -359,6 +388,10 @@ def print_profile(p: Profile, baseline_ms: float) -> None:
     print(f"   {'turn, end to end (its events)':62} {p.turn_wall:9.2f} {p.turn_wall * per:9.2f}")
     print(f"   {'the same trajectory in process (p50)':62} {baseline_ms:9.2f} "
           f"{baseline_ms * per:9.2f}", flush=True)  # fmt: skip
+    print(f"   per call, beyond the model's own time (median): an llm_query "
+          f"{p.query_overhead:.2f} ms (its record and usage, the relay out of the sandbox and "
+          f"back, the grant); a step call {p.step_overhead:.2f} ms since the last cell's record "
+          "(the grant, the prompt, the plan's record)", flush=True)  # fmt: skip
 
 
 async def one_latency(nc: Client, samples: int, latency: float) -> Profile:

@@ -24,6 +24,7 @@ def test_agent_bench_prints_each_part() -> None:
     assert len(re.findall(r"10-iteration RLM trajectory \(20 llm_query, 2 sub_rlm\)", out)) == 2
     assert len(re.findall(r"mesh overhead per iteration .*: -?\d+\.\d+ ms", out)) == 2
     assert len(re.findall(r"profile of the mesh run", out)) == 2
+    assert len(re.findall(r"an llm_query -?\d+\.\d+ ms .*; a step call -?\d+\.\d+ ms", out)) == 2
     assert re.search(r"ratio p50 \d+\.\d+x .* goal: <= 1\.15x wall", out), out
     # part 4: the checkpoint's cost against the loop's cell time
     assert re.search(r"checkpoint cost per cell \(p50 difference\): -?\d+\.\d+ ms", out), out

@@ -123,6 +123,9 @@ class LiveExporter:
         self._replica, self._version = replica, version
         self.stopping = asyncio.Event()
         self.exported = 0
+        # a session's next ended turn reads only what was stored since (its own cache: the
+        # routes' is the app's, and the exporter runs without one)
+        self._sessions = reading.SessionCache(max_events=20_000)
 
     async def _subscription(self) -> Any:
         config = ConsumerConfig(
@@ -186,8 +189,8 @@ class LiveExporter:
         session, turn = envelope.session, envelope.turn
         if tenant is None or session is None or turn is None:
             return
-        events = await reading.session_events(self._store, self._codec, tenant, session)
-        trace = build(tenant, session, turn, events)
+        events = await self._sessions.events(self._store, self._codec, tenant, session)
+        trace = build(tenant, session, turn, reading.by_turn(events).get(turn, []))
         body = otlp.export_request([trace], service_version=self._version, replica=self._replica)
         headers = {**self._target.headers, "User-Agent": f"fleet-rlm-gateway/{self._version}"}
         if self._target.protocol == "http/json":

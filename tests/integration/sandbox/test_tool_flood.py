@@ -100,3 +100,38 @@ async def test_a_call_over_the_bound_raises_in_the_cell_with_the_reason(tmp_path
             assert value(await run(box, "6 * 7")) == 42
         finally:
             await box.destroy()
+
+
+# A cell writing 500 `out` frames of its own on the runner's channel (a flood of live
+# previews): the broker passes on at most one per 50 ms and `output_cap` characters per cell,
+# and the cell answers.
+OUT_FLOOD = """
+import gc, json, os, struct
+exec_id = next(o.id for o in gc.get_objects() if type(o).__name__ == 'Execution')
+runner = next(o for o in gc.get_objects() if type(o).__name__ == 'Runner')
+for i in range(500):
+    body = json.dumps({'t': 'out', 'exec': exec_id, 'text': 'forged ' * 10}).encode()
+    runner.channel.send_encoded(body)
+'flooded'
+"""
+
+
+async def test_a_flood_of_forged_output_frames_is_bounded(local: LocalProvider) -> None:
+    box = await local.create("out-flood", LIMITS)
+    heard: list[str] = []
+
+    async def sink(text: str) -> None:
+        heard.append(text)
+
+    try:
+        await box.open_context("main")
+        reply = await box.execute(
+            context="main", code=OUT_FLOOD, variables={}, blobs={}, tools=[],
+            output_fields=None, wall_s=30, relay=SlowTool(), on_output=sink,
+        )  # fmt: skip
+        assert value(reply) == "flooded"
+        assert 1 <= len(heard) <= 20  # 500 written; a loaded machine may space a few out
+        assert box.running
+        assert value(await run(box, "6 * 7")) == 42
+    finally:
+        await box.destroy()

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleet.sandbox.local")
 
 INTERRUPT_TIMEOUT_S = 5.0
+# the runner sends a cell's output at most every 100 ms; sandbox code can write `out` frames
+# itself, so the broker passes on at most one per OUT_MIN_GAP_S and `output_cap` characters in
+# all per cell (the rest of a flood is dropped: the cell's answer still has its output)
+OUT_MIN_GAP_S = 0.05
 
 
 @dataclass
@@ -49,6 +53,8 @@ class _Exec:
     timer: asyncio.TimerHandle | None = None
     calls: set["asyncio.Task[None]"] = field(default_factory=set)
     on_output: OutputSink | None = None
+    out_at: float = -1e9  # when the last `out` frame went to the sink (loop time)
+    out_chars: int = 0
 
 
 class LocalSandbox:
@@ -199,11 +205,18 @@ class LocalSandbox:
 
     async def _output(self, frame: frames.Output) -> None:
         """A streaming cell's output so far, to its sink. One for a cell that has answered
-        (the runner's loop sent it just after) or that asked for no stream is dropped; a
-        sink that fails is logged and never stops the cell."""
+        (the runner's loop sent it just after) or that asked for no stream is dropped, and so
+        is one past the rate and size bounds (`OUT_MIN_GAP_S`, `output_cap`); a sink that
+        fails is logged and never stops the cell."""
         pending = self._execs.get(frame.exec)
         if pending is None or pending.on_output is None:
             return
+        now = asyncio.get_running_loop().time()
+        cap = self._provider.settings.output_cap
+        if now - pending.out_at < OUT_MIN_GAP_S or pending.out_chars + len(frame.text) > cap:
+            return
+        pending.out_at = now
+        pending.out_chars += len(frame.text)
         try:
             await pending.on_output(frame.text)
         except Exception:

@@ -3,7 +3,7 @@
 import { Background, type Edge, type Node, ReactFlow } from "@xyflow/react";
 import "@xyflow/react/dist/style.css";
 import { memo, useMemo, useState } from "react";
-import { buildTree, treeKey, type VisibleRow, visibleRows } from "../model/tree";
+import { buildTree, collapsedSet, treeKey, type VisibleRow, visibleRows } from "../model/tree";
 import type { ViewModel } from "../model/view";
 import { Code } from "./Code";
 import { cost, ms } from "./format";
@@ -97,7 +97,7 @@ const TreeRow = memo(
         aria-level={row.depth + 1}
         aria-expanded={row.node.children.length ? row.expanded : undefined}
         aria-selected={selected}
-        className={`flex cursor-pointer gap-2 px-2 py-0.5 ${selected ? "bg-slate-700" : ""}`}
+        className={`flex cursor-pointer gap-2 px-2 py-0.5 [contain-intrinsic-size:auto_1.5rem] [content-visibility:auto] ${selected ? "bg-slate-700" : ""}`}
         style={{ paddingLeft: `${row.depth * 16 + 8}px` }}
         onClick={() => onPick(row)}
         onKeyDown={() => {}}
@@ -123,12 +123,13 @@ const TreeRow = memo(
 
 export function TraceTree({ view }: { view: ViewModel }) {
   const roots = useMemo(() => buildTree(view), [view]);
-  const [collapsed, setCollapsed] = useState<Set<string>>(new Set());
+  const [toggled, setToggled] = useState<Set<string>>(new Set());
+  const collapsed = useMemo(() => collapsedSet(roots, toggled), [roots, toggled]);
   const [focused, setFocused] = useState<string | null>(null);
   const rows = useMemo(() => visibleRows(roots, collapsed), [roots, collapsed]);
   const toggle = (id: string) =>
-    setCollapsed((c) => {
-      const next = new Set(c);
+    setToggled((t) => {
+      const next = new Set(t);
       if (next.has(id)) next.delete(id);
       else next.add(id);
       return next;

@@ -1,4 +1,4 @@
-import { memo } from "react";
+import { memo, useState } from "react";
 import type { Turn, ViewModel } from "../model/view";
 
 const STATUS: Record<string, string> = {
@@ -41,14 +41,31 @@ const TurnItem = memo(function TurnItem({ turn }: { turn: Turn }) {
   );
 });
 
+/** The latest turns are shown, earlier ones on request (a 10,000-event session has ~160). */
+export const SHOWN_TURNS = 50;
+
 export function Transcript({ view }: { view: ViewModel }) {
+  const [all, setAll] = useState(false);
   if (view.turns.length === 0)
     return <p className="p-4 text-slate-300">No messages yet. Ask something below.</p>;
+  const turns = all ? view.turns : view.turns.slice(-SHOWN_TURNS);
+  const hidden = view.turns.length - turns.length;
   return (
-    <ol className="flex flex-col gap-4 p-4" aria-label="Transcript">
-      {view.turns.map((turn) => (
-        <TurnItem key={turn.id} turn={turn} />
-      ))}
-    </ol>
+    <div className="flex flex-col p-4">
+      {hidden > 0 ? (
+        <button
+          type="button"
+          className="self-center text-sm underline"
+          onClick={() => setAll(true)}
+        >
+          Show {hidden} earlier turns
+        </button>
+      ) : null}
+      <ol className="flex flex-col gap-4" aria-label="Transcript">
+        {turns.map((turn) => (
+          <TurnItem key={turn.id} turn={turn} />
+        ))}
+      </ol>
+    </div>
   );
 }

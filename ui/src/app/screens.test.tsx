@@ -6,6 +6,7 @@ import { fold } from "../model/fold";
 import { emptyView } from "../model/view";
 import { ExecutionPanel, SHOWN } from "./ExecutionPanel";
 import { AuditBadge } from "./SessionsPage";
+import { SHOWN_TURNS, Transcript } from "./Transcript";
 
 afterEach(cleanup);
 
@@ -57,5 +58,20 @@ describe("execution panel", () => {
     );
     expect(shown()).toEqual(view.cellOrder);
     expect(container.querySelectorAll("tbody tr").length).toBe(view.llmOrder.length);
+  });
+});
+
+describe("transcript", () => {
+  it("shows the latest turns, and the earlier ones on request", () => {
+    const view = fold(emptyView(), bigSession(4000).frames);
+    expect(view.turns.length).toBeGreaterThan(SHOWN_TURNS);
+    const { container } = render(<Transcript view={view} />);
+    const shown = () =>
+      [...container.querySelectorAll("[data-turn]")].map((e) => e.getAttribute("data-turn"));
+    expect(shown()).toEqual(view.turns.slice(-SHOWN_TURNS).map((t) => t.id));
+    fireEvent.click(
+      screen.getByRole("button", { name: `Show ${view.turns.length - SHOWN_TURNS} earlier turns` }),
+    );
+    expect(shown()).toEqual(view.turns.map((t) => t.id));
   });
 });

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import { Log, recursiveTurn } from "./fixtures";
 import { fold, foldDelta, viewAt } from "./fold";
 import { Timeline } from "./timeline";
-import { buildTree, treeKey, visibleRows } from "./tree";
+import { buildTree, collapsedSet, treeKey, visibleRows } from "./tree";
 import { emptyView } from "./view";
 
 function deepFreeze<T>(value: T): T {
@@ -269,5 +269,19 @@ describe("timeline", () => {
     const other = recursiveTurn().frames;
     const fresh = line.extend(other.slice(2));
     expect(fresh.at(1e9)).toEqual(viewAt(other.slice(2), 1e9));
+  });
+});
+
+describe("tree: long branches open collapsed", () => {
+  it("collapses a run over the limit, and a toggle opens it (and closes a small one)", () => {
+    const roots = buildTree(fold(emptyView(), recursiveTurn().frames));
+    const run = roots[0]?.children[0];
+    if (!run) throw new Error("the fixture has a root run");
+    expect([...collapsedSet(roots, new Set())]).toEqual([]);
+    expect([...collapsedSet(roots, new Set(), 1)]).toContain(run.id); // over a limit of 1
+    expect([...collapsedSet(roots, new Set([run.id]), 1)]).not.toContain(run.id);
+    expect([...collapsedSet(roots, new Set([run.id]))]).toEqual([run.id]);
+    const rows = visibleRows(roots, collapsedSet(roots, new Set(), 1));
+    expect(rows.map((r) => r.node.id)).toEqual([roots[0]?.id, run.id]);
   });
 });

@@ -136,3 +136,23 @@ export function treeKey(
       return { focus: row.node.id };
   }
 }
+
+/** A branch with more children than this opens collapsed (a long run's hundreds of iterations
+ * would otherwise fill the tree); a reader's toggle flips it like any other. */
+export const OPEN_LIMIT = 25;
+
+/** The branches shown collapsed: those over `limit` children, flipped by the reader's toggles. */
+export function collapsedSet(
+  roots: TreeNode[],
+  toggled: ReadonlySet<string>,
+  limit = OPEN_LIMIT,
+): Set<string> {
+  const out = new Set<string>();
+  const walk = (node: TreeNode) => {
+    const big = node.kind !== "turn" && node.children.length > limit;
+    if (big !== toggled.has(node.id)) out.add(node.id);
+    for (const child of node.children) walk(child);
+  };
+  for (const root of roots) walk(root);
+  return out;
+}

@@ -1,6 +1,6 @@
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { Link, useNavigate } from "@tanstack/react-router";
-import { useMemo, useState } from "react";
+import { useEffect, useMemo, useState } from "react";
 import type { Api } from "../api/http";
 import type { SocketState } from "../api/socket";
 import { useAuth } from "./auth";
@@ -121,6 +121,13 @@ function SessionView({
   const active = feed.view.turns.findLast(
     (t) => t.status === "running" || t.status === "requested" || t.status === "parked",
   );
+  // the sessions list shows turn counts and "running": refresh it when a turn starts or ends
+  const client = useQueryClient();
+  const ended = feed.view.turns.filter((t) => t !== active).length;
+  const activeId = active?.id ?? null;
+  useEffect(() => {
+    if (ended || activeId) void client.invalidateQueries({ queryKey: ["sessions"] });
+  }, [client, ended, activeId]);
   return (
     <div className="flex min-w-0 flex-1">
       <section aria-label="Conversation" className="flex min-w-0 flex-1 flex-col">

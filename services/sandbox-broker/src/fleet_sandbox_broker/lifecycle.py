@@ -66,7 +66,13 @@ async def reconcile(broker: Broker) -> None:
 
 
 def reachable(broker: Broker, view: domain.SandboxView) -> bool:
-    """Whether this replica can act on the sandbox's files (same host and root)."""
+    """Whether this replica can act on the sandbox's files (`resume`): the same host and root
+    for a sandbox on this host, or, for one on a remote provider (Daytona), that provider. (At
+    start a broker takes over only what is on its disk: a dead replica's Daytona sandboxes wait
+    for their session's `resume`.)"""
+    provider = broker.providers.get(view.provider)
+    if provider is not None and getattr(provider, "remote", False):
+        return True
     return _on_my_disk(broker, view.workspace)
 
 

@@ -138,6 +138,9 @@ class Sandboxes:
         and subpath (REPL memory lost, files on the volume kept)."""
         await self.b.view.caught_up()
         view = self.b.view.get(req.tenant, req.sandbox)
+        # before anything is claimed: a provider this broker lacks must not leave the old
+        # sandbox recorded deleted with no replacement
+        provider = await self.b.provider_for(req.tenant)
         nc, ask = (
             self.b.ctx.nc,
             sb.GetSandbox(request_id=new_id(), tenant=req.tenant, sandbox=req.sandbox),
@@ -172,6 +175,7 @@ class Sandboxes:
         held = await self.b.start_box(
             req.tenant, dict(view.labels), view.limits, view.spec,
             first=lambda box: domain.replacement(box.id, req.sandbox, self.b.ctx.replica, reason),
+            provider=provider,
         )  # fmt: skip
         return self.b.info(held)
 

@@ -559,6 +559,9 @@ class DaytonaSandbox:
 
 class DaytonaProvider:
     name = "daytona"
+    # its sandboxes live on Daytona, not on this host: any broker with the key can act on them
+    # (a session's sandbox no broker holds is revived in place on `resume`, found by its label)
+    remote = True
 
     def __init__(self, settings: DaytonaSettings) -> None:
         self.settings = settings

@@ -29,7 +29,7 @@ async def test_a_kill_during_a_cell_runs_that_cell_again_in_the_same_repl_contex
     print(summary(rounds))
     for r in rounds:
         root = r.events["root"]
-        (resumed,) = of_type(root, RunResumed)
+        resumed = of_type(root, RunResumed)[0]  # a second when a loaded holder was fenced too
         # dspy's facade set-up cell and cell 1 are reused; cell 2 (the third) runs again
         assert (resumed.reused_calls, resumed.reused_cells) == (2, 2), resumed
         assert resumed.in_flight.startswith("cell 3 (iteration 1, planned"), resumed

@@ -27,7 +27,7 @@ async def test_a_kill_while_children_run_reattaches_them(processes: Processes) -
     resumed_children = 0
     for r in rounds:
         root = r.events["root"]
-        assert len(of_type(root, RunResumed)) == 1
+        assert of_type(root, RunResumed)  # two when a loaded holder was also taken over
         requested = of_type(root, ChildRunRequested)
         assert len(requested) == 2  # asked once each, whatever the resume did
         completed = of_type(root, ChildRunCompleted)

@@ -28,7 +28,7 @@ async def test_a_kill_before_a_step_resumes_the_run_and_repeats_only_that_step(
     print(summary(rounds))
     for r in rounds:
         root = r.events["root"]
-        (resumed,) = of_type(root, RunResumed)
+        resumed = of_type(root, RunResumed)[0]  # a second when a loaded holder was fenced too
         # dspy's facade set-up cell and cell 1 ran once, before the kill; cell 2 after it
         assert (resumed.reused_calls, resumed.reused_cells) == (1, 2), resumed
         assert resumed.in_flight == "model call 2 (no response recorded)"

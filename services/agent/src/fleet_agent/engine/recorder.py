@@ -51,6 +51,8 @@ class RunRecorder:
         self.events = 0
         self.skipped = 0
         self.fenced = False
+        self._held: list[Event] = []
+        """Events appended with the next one (`hold`), in one atomic batch."""
         """Another holder appended: this one records nothing more, and leaves the REPL context
         (now the other holder's) open."""
         self._lock = threading.Lock()  # positions only; never held across an await
@@ -110,17 +112,28 @@ class RunRecorder:
         key = step_key(event)
         return key is not None and key in self.journal.keys
 
-    def record(self, event: Event) -> Head:
-        """Append from a dspy thread (never from the bus's own loop); a step the record holds
-        is not appended again."""
+    def hold(self, event: Event) -> None:
+        """Keep `event` to be appended with the next one, in one atomic batch: for an event
+        whose loss costs nothing a resume would not repeat anyway (a step call's
+        `run.llm_called`, followed at once by its `run.iteration_planned`: a death between the
+        two leaves that step in flight either way, docs/turns.md, "Which step repeats")."""
         if self.recorded(event):
+            self.skipped += 1
+            return
+        with self._lock:
+            self._held.append(event)
+
+    def record(self, event: Event) -> Head:
+        """Append from a dspy thread (never from the bus's own loop), with any held events
+        before it; a step the record holds is not appended again."""
+        if self.recorded(event) and not self._held:
             self.skipped += 1
             return self.head
         return self.ctx.mesh.bus.run(self._append(event), timeout=APPEND_TIMEOUT_S)
 
     async def arecord(self, event: Event) -> Head:
         """Append from a coroutine on any loop but the bus's."""
-        if self.recorded(event):
+        if self.recorded(event) and not self._held:
             self.skipped += 1
             return self.head
         future = self.ctx.mesh.bus.submit(self._append(event))
@@ -128,25 +141,39 @@ class RunRecorder:
 
     async def _append(self, event: Event) -> Head:
         ctx = self.ctx
-        envelope = Envelope(
-            id=new_id(), tenant=ctx.tenant, session=ctx.session, turn=ctx.turn, run=ctx.run,
-            parent_run=ctx.parent_run, actor=ctx.mesh.actor, ts=utc_now(), data=event,
-            correlation=ctx.turn,
-        )  # fmt: skip
         # one writer per run: appends run on the bus loop, one at a time, in the order made
         if self._append_lock is None:
             self._append_lock = asyncio.Lock()
         async with self._append_lock:
+            with self._lock:
+                events, self._held = self._held, []
+            if self.recorded(event):
+                self.skipped += 1
+            else:
+                events.append(event)
+            if not events:
+                return self.head
+            envelopes = [self._envelope(each) for each in events]
             try:
-                appended = await ctx.mesh.store.append(self.subject, envelope, expect=self.head)
+                appended = await ctx.mesh.store.append_batch(
+                    self.subject, envelopes, expect=self.head
+                )
             except AppendConflict as exc:
                 self.fenced = True
                 raise RunFenced(
                     f"run {ctx.run} was appended to by another holder: this replica stops"
                 ) from exc
-            self.head = appended.head
-            self.events += 1
+            self.head = appended[-1].head
+            self.events += len(appended)
             return self.head
+
+    def _envelope(self, event: Event) -> Envelope[Event]:
+        ctx = self.ctx
+        return Envelope(
+            id=new_id(), tenant=ctx.tenant, session=ctx.session, turn=ctx.turn, run=ctx.run,
+            parent_run=ctx.parent_run, actor=ctx.mesh.actor, ts=utc_now(), data=event,
+            correlation=ctx.turn,
+        )  # fmt: skip
 
     # -- model calls -------------------------------------------------------------------------
 
@@ -164,16 +191,18 @@ class RunRecorder:
             self.llm_calls += 1
             if event.request_kind == "step":
                 self.last_step_call = call_id
-        self.record(
-            msgspec.structs.replace(
-                event,
-                call_id=call_id,
-                index=index,
-                cell=self.current_cell,
-                messages=messages,
-                response=response,
-            )
+        placed = msgspec.structs.replace(
+            event,
+            call_id=call_id,
+            index=index,
+            cell=self.current_cell,
+            messages=messages,
+            response=response,
         )
+        if event.request_kind == "step" and not event.error:
+            self.hold(placed)  # goes with the plan (or the end) the step's answer makes
+        else:
+            self.record(placed)  # a sub call's response is reused by a re-run cell: at once
 
     def _blob(self, data: bytes) -> BlobRef:
         return self.ctx.mesh.bus.put_blob(data)

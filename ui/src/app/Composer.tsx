@@ -33,23 +33,23 @@ function Attach({ upload, onDone }: { upload: Upload; onDone: (doc: Uploaded) =>
   };
   return (
     <div className="flex items-center gap-2 text-sm">
-      <label
-        htmlFor={id}
-        className="cursor-pointer rounded bg-slate-700 px-2 py-1 text-white hover:bg-slate-600"
-      >
-        Attach document
-      </label>
       <input
         id={id}
         ref={ref}
         type="file"
-        className="sr-only"
+        className="peer sr-only"
         onChange={(e) => {
           const file = e.target.files?.[0];
           if (file) void send(file);
           if (ref.current) ref.current.value = "";
         }}
       />
+      <label
+        htmlFor={id}
+        className="cursor-pointer rounded bg-slate-700 px-2 py-1 text-white hover:bg-slate-600 peer-focus-visible:outline-2 peer-focus-visible:outline-amber-400"
+      >
+        Attach document
+      </label>
       {progress ? (
         <>
           <progress

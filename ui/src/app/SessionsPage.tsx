@@ -149,21 +149,25 @@ function Import({ api, onDone }: { api: Api; onDone: (id: string) => void }) {
   });
   return (
     <div className="flex flex-col gap-1">
-      <label htmlFor={id} className={`${button} cursor-pointer text-center`}>
-        Import JSONL…
-      </label>
       <input
         id={id}
         ref={ref}
         type="file"
         accept=".jsonl,application/x-ndjson"
-        className="sr-only"
+        className="peer sr-only"
         onChange={(e) => {
           const file = e.target.files?.[0];
           if (file) imported.mutate(file);
           if (ref.current) ref.current.value = "";
         }}
       />
+      {/* after the input, so its keyboard focus shows on the visible label (peer) */}
+      <label
+        htmlFor={id}
+        className={`${button} cursor-pointer text-center peer-focus-visible:outline-2 peer-focus-visible:outline-amber-400`}
+      >
+        Import JSONL…
+      </label>
       {imported.isPending ? <p className="text-sm text-slate-300">importing…</p> : null}
       {imported.data ? (
         <p className="text-sm text-emerald-200">

@@ -376,7 +376,10 @@ await scenario("settings-profile-used-by-a-turn", async () => {
       timeout: T.turn,
     });
   await page.screenshot({ path: `${out}/${String(shot).padStart(2, "0")}-settings.png` });
-  await newSession("rlm_only", "What is 6 times 7?");
+  await newSession("rlm_only", "");
+  // sent from the keyboard: Ctrl+Enter in the message box
+  await page.getByLabel("Message").fill("What is 6 times 7?");
+  await page.getByLabel("Message").press("Control+Enter");
   await turnEnds();
   const answer = (await page.locator("[data-turn] p").last().textContent())?.trim();
   check(answer === "42 via alt", `the turn answered ${answer}`);

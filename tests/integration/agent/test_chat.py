@@ -33,7 +33,7 @@ from fleet_agent.chat.urls import UrlLoader, public_only
 from fleet_agent.engine.mesh import MeshPool
 from fleet_agent.engine.model import EngineMesh, RlmResult, RlmTask, RunContext, root_run_id
 from fleet_agent.lenient import LenientCodec
-from fleet_agent.runners import Answered, CancelToken, Parked, Stopped, TurnInput
+from fleet_agent.runners import Answered, CancelToken, Failed, Parked, Stopped, TurnInput
 from fleet_agent.session_state import FOLD, answer_input, history
 from fleet_events import Actor, Envelope, Event, bus, new_id, streams, utc_now
 from fleet_events.bus import Ping
@@ -211,7 +211,7 @@ class Chat:
         runner: ChatRunner | None = None,
         token: CancelToken | None = None,
         **opts: Any,
-    ) -> tuple[str, Answered | Stopped | Parked]:
+    ) -> tuple[str, Answered | Stopped | Parked | Failed]:
         turn = new_id()
         await self.append(turn, TurnRequested(message=message, mode=mode))
         chosen = runner or self.runner(**opts)

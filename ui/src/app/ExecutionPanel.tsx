@@ -38,7 +38,7 @@ export function BudgetBar({ view }: { view: ViewModel }) {
 
 /** The latest cells and calls are shown; a long session's earlier ones on request, so a
  * 10,000-event log renders in one frame's budget (bench/ui.py). */
-export const SHOWN = 100;
+export const SHOWN = 40;
 
 const CellItem = memo(function CellItem({ cell, depth }: { cell: Cell; depth: number }) {
   return (

@@ -42,7 +42,7 @@ const TurnItem = memo(function TurnItem({ turn }: { turn: Turn }) {
 });
 
 /** The latest turns are shown, earlier ones on request (a 10,000-event session has ~160). */
-export const SHOWN_TURNS = 50;
+export const SHOWN_TURNS = 30;
 
 export function Transcript({ view }: { view: ViewModel }) {
   const [all, setAll] = useState(false);

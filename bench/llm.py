@@ -56,6 +56,7 @@ TASK = (
     "frequent error codes and the first timestamp of each. Rules: print small summaries, never "
     "the whole document; keep each cell short; explain your reasoning in one line first.\n"
 )
+STEP_TOKENS = 32  # enough for the first token and the reply's start; prompts are the subject
 LISTING = "".join(
     f"2026-11-30T10:{i % 60:02d}:{(i * 7) % 60:02d}Z worker-{i % 5} E{100 + i % 13} "
     f"request {i} failed after {i * 3 % 997} ms\n"
@@ -234,7 +235,7 @@ async def iterations(
     for index in range(requests.iterations):
         messages = requests.messages(history, index)
         grammar = chat_grammar(fields_in(messages[-1]["content"]))
-        ttft, _, text, usage = await stream_chat(served, messages, 96, grammar)
+        ttft, _, text, usage = await stream_chat(served, messages, STEP_TOKENS, grammar)
         t = served.new_timings()
         prompt = int(usage.get("prompt_tokens") or t.prompt_tokens)
         shared = _common_prefix(_flat(messages), previous)

@@ -77,9 +77,10 @@ async def test_a_daytona_sandbox_is_archived_and_no_longer_served(
 ) -> None:
     mine, other = tenant_id(), tenant_id()
     await rpc.call_verb(nc, bus.ping("sandbox-broker"), Ping(), timeout=5)
-    chosen = await api.call(
-        "PATCH", "/api/v1/runtime/settings", mine,
-        json={"updates": {"sandbox_provider": "daytona"}},
+    admin = {"Authorization": f"Bearer {api.token(mine, 'root', admin=True)}"}
+    chosen = await api.client.patch(  # the provider is an admin's choice for the tenant
+        f"/api/v1/runtime/settings/tenants/{mine}",
+        json={"updates": {"sandbox_provider": "daytona"}}, headers=admin,
     )  # fmt: skip
     assert chosen.status_code == 200, chosen.text
     made = await _create(nc, mine)

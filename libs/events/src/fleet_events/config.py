@@ -3,6 +3,11 @@
 Environment variables only *seed* the bucket at bootstrap (never overwriting a stored value);
 from then on the bucket is the truth, per tenant with a global fallback, and every change is
 kept in the bucket's history. Global keys are written only by an admin (the gateway enforces it).
+
+A setting marked `operator_only` is the deployment's to choose (what it costs the operator, how
+it runs), not a tenant's: its tenant value, too, is written by an admin only (the gateway's
+admin route `PATCH /api/v1/runtime/settings/tenants/{tenant}`), never by the tenant itself. The
+gateway is the only writer of the bucket, so the services reading it trust what is there.
 """
 
 from dataclasses import dataclass
@@ -22,6 +27,8 @@ class Setting:
     choices: tuple[str, ...] = ()
     integer: bool = False
     description: str = ""
+    operator_only: bool = False
+    """Set by an admin only, globally or for a named tenant; a tenant cannot set its own."""
 
     def validate(self, value: str) -> str:
         if self.choices and value not in self.choices:
@@ -57,6 +64,7 @@ SETTINGS: tuple[Setting, ...] = (
         "2",
         integer=True,
         description="started clean sandboxes kept ready per broker replica",
+        operator_only=True,
     ),
     Setting(
         "rlm_max_llm_calls",
@@ -72,7 +80,9 @@ SETTINGS: tuple[Setting, ...] = (
         "local",
         choices=("local", "daytona"),
         description="where a tenant's new sandboxes run: local processes, or Daytona (the "
-        "broker needs DAYTONA_API_KEY, DAYTONA_API_URL and DAYTONA_TARGET for daytona)",
+        "broker needs DAYTONA_API_KEY, DAYTONA_API_URL and DAYTONA_TARGET for daytona); an "
+        "admin's choice, per tenant or globally: Daytona runs on the operator's account",
+        operator_only=True,
     ),
 )
 

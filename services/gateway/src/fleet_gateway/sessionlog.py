@@ -10,6 +10,9 @@ append:
 - `new_session=True`: the log must not exist yet (create; a race is 409 `session_exists`);
 - `create=True`: a session with no log yet is opened with `SessionCreated` in the same atomic
   batch (a WebSocket `message` to a new session id), so a log never starts with anything else;
+- neither opens a session whose id was purged (its `.run.purge` subject holds the
+  `session.purged` marker): 404 `session_not_found`, as every other route answers for it,
+  saying the id was purged and cannot be reused; nothing is stored;
 - otherwise the log must exist: no head in the caller's tenant is 404, the same 404 as
   another tenant's session. The log, not a projection, decides, so a session created on
   another replica a moment ago exists here.
@@ -28,13 +31,15 @@ from starlette.requests import HTTPConnection
 from fleet_events import Actor, Envelope, Event, new_id, utc_now
 from fleet_events.codec import Codec
 from fleet_events.ids import InvalidId, check_id
-from fleet_events.session import SessionCreated, log_subject
+from fleet_events.session import SessionCreated, log_subject, run_subject
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.live import Hub
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.store import EMPTY, AppendConflict, EventStore, Head
 
 APPEND_TRIES = 20
+PURGE_RUN = "purge"
+"""The run whose subject holds a purged session's `session.purged` marker (`routes.sessions`)."""
 
 
 def checked_session(value: str) -> str:
@@ -53,6 +58,18 @@ async def log_head(store: EventStore, tenant: str, session: str) -> Head:
     if head == EMPTY or head.seq == 0:
         raise not_found("session", session)
     return head
+
+
+async def refuse_purged(store: EventStore, tenant: str, session: str) -> None:
+    """404 when the session's id was purged: a purged id is never opened again."""
+    head = await store.head(run_subject(tenant, session, PURGE_RUN))
+    if head != EMPTY and head.seq > 0:
+        raise ApiError(
+            404, "session_not_found",
+            f"session {session!r} was purged and its id cannot be reused: start a new session "
+            "(another session_id, or POST /api/v1/sessions)",
+            details={"session": session},
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +99,12 @@ async def append_event(
         id=event_id or new_id(), tenant=tenant, session=session, turn=turn, actor=actor,
         ts=utc_now(), data=data, **fields,
     )  # fmt: skip
+    checked_purge = False
     for _ in range(APPEND_TRIES):
         head = EMPTY if new_session else await store.head(subject)
+        if head == EMPTY and (create or new_session) and not checked_purge:
+            await refuse_purged(store, tenant, session)  # once: a purge is for good
+            checked_purge = True
         try:
             if head == EMPTY and new_session:
                 seq = (await store.append(subject, event, expect=EMPTY)).seq

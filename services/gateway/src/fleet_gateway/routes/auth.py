@@ -1,14 +1,20 @@
 """`/api/v1/auth/*`: who the token says you are, a WebSocket ticket for that identity, and
-API tokens (issue, list, revoke)."""
+API tokens (issue, list, revoke).
+
+Only a signed-in user (a gateway or OIDC token) issues API tokens: a request bearing an API
+token is refused (403 `login_required`), so a leaked API token cannot mint itself successors
+that outlive its revocation or its expiry. An API token may still list and revoke its user's
+tokens (revoking is how a leak is contained)."""
 
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet_gateway.api_tokens import ApiTokens, StoredToken
-from fleet_gateway.auth import CurrentPrincipal, Principal
+from fleet_gateway.auth import API_TOKEN_PREFIX, CurrentPrincipal, Principal, bearer
 from fleet_gateway.components import ready
 from fleet_gateway.errors import ApiError, ErrorBody
 
@@ -96,7 +102,11 @@ def _tokens(request: Request) -> ApiTokens:
 
 
 TOKEN_ERRORS: dict[int | str, dict[str, Any]] = {
-    403: {"model": ErrorBody, "description": "an admin token asked for by a non-admin"},
+    403: {
+        "model": ErrorBody,
+        "description": "an admin token asked for by a non-admin, or a request bearing an API "
+        "token (only a signed-in user issues tokens)",
+    },
     404: {"model": ErrorBody, "description": "no such token of yours"},
     409: {"model": ErrorBody, "description": "the user holds the most tokens allowed"},
     422: {"model": ErrorBody, "description": "a field is invalid"},
@@ -105,10 +115,21 @@ TOKEN_ERRORS: dict[int | str, dict[str, Any]] = {
 
 @router.post("/tokens", status_code=201, response_model=IssuedToken, responses=TOKEN_ERRORS)
 async def issue_api_token(
-    request: Request, principal: CurrentPrincipal, body: IssueToken
+    request: Request,
+    principal: CurrentPrincipal,
+    body: IssueToken,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> IssuedToken:
     """An API token for the caller's tenant and user, for programs (`Authorization: Bearer`).
-    The token is in this answer only: the gateway keeps its SHA-256, never the token."""
+    The token is in this answer only: the gateway keeps its SHA-256, never the token. The
+    caller must be signed in (a gateway or OIDC token): an API token cannot issue tokens."""
+    if credentials is not None and credentials.credentials.startswith(API_TOKEN_PREFIX):
+        raise ApiError(
+            403,
+            "login_required",
+            "an API token cannot issue API tokens: sign in (a gateway or OIDC token) and "
+            "issue it from there; nothing was issued",
+        )
     settings = request.app.state.gateway.settings
     if body.ttl_s > settings.api_token_max_ttl_s:
         raise ApiError(

@@ -36,7 +36,7 @@ from fleet_gateway.projections import ProjectionStore
 from fleet_gateway.projections.fold import stamp
 from fleet_gateway.projections.store import decode_cursor, encode_cursor
 from fleet_gateway.quotas import turns_over_quota
-from fleet_gateway.sessionlog import log_head, session_log
+from fleet_gateway.sessionlog import PURGE_RUN, log_head, session_log
 from fleet_mesh import rpc
 from fleet_mesh.store import EventStore
 
@@ -544,10 +544,9 @@ def _parse(stamp_text: str) -> datetime:
 
 # -- purge: an admin operation, through the checkpointer ----------------------------------
 
-PURGE_RUN = "purge"
-"""The marker goes on `fleet.session.<tenant>.<session>.run.purge`, a subject of its own: the
-`.log` stays empty, so every route (and the agent) sees no session, and a new session may
-take the id."""
+# The marker goes on `fleet.session.<tenant>.<session>.run.purge` (`sessionlog.PURGE_RUN`), a
+# subject of its own: the `.log` stays empty, so every route (and the agent) sees no session,
+# and the writer (`sessionlog.append_event`) refuses to open a session under the id again.
 PURGE_TIMEOUT_S = 30.0
 
 

@@ -6,6 +6,12 @@ test_daytona`): the settings, the circuit, then one live call, with the earlier 
 empty, kept so both probes share one shape), cached by the broker for 10 s (`checked_at` says
 when it was taken). A broker without Daytona answers `configured: false` with what to set. The
 answer names no key.
+
+Only an admin sees the whole answer: the deployment's Daytona host, target and broker replica
+are the operator's, and the error text of a failed call may name them. Any other caller gets
+the verdict (`ok`, `preflight_ok`, `configured`, each check's name and pass/fail, `latency_ms`,
+`checked_at`) with every check's detail, the replica and the error blanked, and guidance of the
+gateway's own that names nothing of the deployment (`redacted: true`).
 """
 
 from datetime import datetime
@@ -19,7 +25,7 @@ from pydantic import BaseModel, Field
 from fleet_events import bus
 from fleet_events import sandbox as sb
 from fleet_events.envelope import new_id
-from fleet_gateway.auth import CurrentTenant
+from fleet_gateway.auth import CurrentPrincipal
 from fleet_gateway.errors import ApiError, ErrorBody
 from fleet_mesh import rpc
 
@@ -53,11 +59,43 @@ class DaytonaProbeResult(BaseModel):
     output_preview: str = ""
     error: str
     replica: str
+    redacted: bool = False
+    """True when the caller is not an admin: details, error and replica blanked (see above)."""
+
+
+TENANT_GUIDANCE = {
+    "not_configured": "Daytona is not configured on this deployment: ask an admin to set it up",
+    "preflight": "this deployment's Daytona settings are incomplete: ask an admin (an admin's "
+    "probe names what is missing)",
+    "failing": "Daytona does not answer this deployment now: sandboxes on Daytona fail until it "
+    "does; an admin's probe shows the error",
+}
+
+
+def _for_tenant(got: DaytonaProbeResult) -> DaytonaProbeResult:
+    """The verdict without anything that names the deployment."""
+    if got.ok:
+        guidance, error = [], ""
+    elif not got.configured:
+        guidance, error = [TENANT_GUIDANCE["not_configured"]], "not configured"
+    elif not got.preflight_ok:
+        guidance, error = [TENANT_GUIDANCE["preflight"]], "preflight failed"
+    else:
+        guidance, error = [TENANT_GUIDANCE["failing"]], "the live call to Daytona failed"
+    return got.model_copy(
+        update={
+            "checks": [DaytonaCheck(name=c.name, ok=c.ok) for c in got.checks],
+            "guidance": guidance,
+            "error": error,
+            "replica": "",
+            "redacted": True,
+        }
+    )
 
 
 @router.post("/runtime/tests/daytona", response_model=DaytonaProbeResult, responses=ERRORS)
 async def probe_daytona(
-    tenant: CurrentTenant,
+    principal: CurrentPrincipal,
     request: Request,
     probe: Annotated[DaytonaProbeRequest | None, Body()] = None,
 ) -> DaytonaProbeResult:
@@ -65,7 +103,7 @@ async def probe_daytona(
     nc = request.app.state.gateway.nc
     if nc is None or not nc.is_connected:
         raise ApiError(503, "nats_unavailable", "the gateway has no bus connection; retry shortly")
-    req = sb.TestDaytona(request_id=new_id(), tenant=tenant, timeout_s=ask.timeout_s)
+    req = sb.TestDaytona(request_id=new_id(), tenant=principal.tenant, timeout_s=ask.timeout_s)
     timeout = ask.timeout_s + SLACK_S
     try:
         got: sb.DaytonaProbe = await rpc.call_verb(nc, bus.TEST_DAYTONA, req, timeout=timeout)
@@ -81,10 +119,11 @@ async def probe_daytona(
         raise ApiError(
             504, "broker_timeout", f"the sandbox broker did not answer within {timeout:g}s"
         ) from None
-    return DaytonaProbeResult(
+    result = DaytonaProbeResult(
         kind=got.kind, ok=got.ok, preflight_ok=got.preflight_ok, configured=got.configured,
         checked_at=got.checked_at,
         checks=[DaytonaCheck(name=c.name, ok=c.ok, detail=c.detail) for c in got.checks],
         guidance=list(got.guidance), latency_ms=got.latency_ms, error=got.error,
         replica=got.replica,
     )  # fmt: skip
+    return result if principal.admin else _for_tenant(result)

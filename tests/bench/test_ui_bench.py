@@ -30,5 +30,6 @@ def test_ui_bench_prints_frame_times_and_time_travel_steps() -> None:
     assert re.search(rf"trace tree tab open, frame time\n\s+p50 {NUMBER} ms\s+p95 {NUMBER}", out)
     assert re.search(r"one step of a 10\d\d-event session", out), out
     assert re.search(rf"time travel worst step {NUMBER} ms", out), out
+    assert re.search(rf"right after loading, before any checkpoint: {NUMBER}-{NUMBER} ms", out)
     assert re.search(r"profile of the 300-event live turn: \d+ ms sampled", out), out
     assert re.search(r"profile of one round of time-travel steps: \d+ ms sampled", out), out

@@ -40,14 +40,18 @@ const out = {
   burst: { baseline: [], project: [] },
   tree: { project: [] },
   travel: { baseline: [], project: [] },
+  cold: { project: [] },
 };
 const live = (events, over, render, panel) =>
   page.evaluate(
     ([e, o, r, p]) => window.fleetBench.live(e, o, r, p),
     [events, over, render, panel],
   );
-const travel = (render) =>
-  page.evaluate(([e, s, r]) => window.fleetBench.travel(e, s, r), [opt.session, steps, render]);
+const travel = (render, settle = true, at = steps) =>
+  page.evaluate(
+    ([e, s, r, w]) => window.fleetBench.travel(e, s, r, w),
+    [opt.session, at, render, settle],
+  );
 for (let round = 0; round < opt.rounds; round++) {
   out.live.baseline.push(await live(opt.events, opt.overMs, false, "execution"));
   out.live.project.push(await live(opt.events, opt.overMs, true, "execution"));
@@ -56,6 +60,8 @@ for (let round = 0; round < opt.rounds; round++) {
   out.tree.project.push(await live(opt.events, opt.overMs, true, "tree"));
   out.travel.baseline.push(await travel(false));
   out.travel.project.push(await travel(true));
+  // the first jump to the last step right after the session loaded, before any checkpoint
+  out.cold.project.push(await travel(true, false, [opt.session - 1]));
 }
 if (opt.profile) {
   // Where the main thread's time goes: the CPU profile's self time per function, for one live

@@ -59,6 +59,8 @@ export function BenchPage() {
   const [tab, setTab] = useState<"execution" | "tree">("execution");
   const [mounted, setMounted] = useState(true);
   const timeline = useTimeline(frames);
+  const current = useRef(timeline);
+  current.current = timeline;
   const shown = useMemo(() => (at == null ? view : timeline.at(at)), [at, view, timeline]);
 
   const api = useRef({
@@ -100,7 +102,7 @@ export function BenchPage() {
     },
     /** Time travel over a session of `events` events: for each step, the slider's change to
      * the painted frame (`render`), or the fold alone (the baseline). */
-    async travel(events: number, steps: number[], render: boolean) {
+    async travel(events: number, steps: number[], render: boolean, settle = true) {
       const log = bigSession(events).frames;
       flushSync(() => {
         setMounted(true);
@@ -110,6 +112,9 @@ export function BenchPage() {
         setView(fold(emptyView(), log));
       });
       await nextPaint();
+      // a reader scrubs after the page settled: the checkpoints are made in idle time
+      while (settle && render && !current.current.warm)
+        await new Promise<void>((resolve) => requestIdleCallback(() => resolve()));
       const out: number[] = [];
       const commits: number[] = [];
       for (const step of steps) {

@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { bigSession } from "../../bench/shared";
 import { Log, recursiveTurn } from "./fixtures";
 import { fold, foldDelta, viewAt } from "./fold";
 import { Timeline } from "./timeline";
@@ -246,8 +247,7 @@ describe("trace tree", () => {
 });
 
 describe("timeline", () => {
-  it("equals viewAt at every sequence, whatever the checkpoint spacing", async () => {
-    const { bigSession } = await import("../../bench/shared");
+  it("equals viewAt at every sequence, whatever the checkpoint spacing", () => {
     const frames = bigSession(160).frames;
     // out of order on purpose: a jump back after a jump forward uses the same checkpoints
     const seqs = [0, ...frames.map((f) => f.seq).reverse()];
@@ -257,6 +257,17 @@ describe("timeline", () => {
       for (const seq of seqs) expect(line.at(seq)).toEqual(expected.get(seq));
     }
   }, 60_000); // a bound for a loaded CI machine, not a speed claim (bench/ui.py measures)
+
+  it("makes its checkpoints one at a time ahead of need, and is still equal to viewAt", () => {
+    const frames = bigSession(200).frames;
+    const line = Timeline.of(frames, 50);
+    let steps = 0;
+    while (line.warmStep()) steps += 1;
+    expect(steps).toBe(Math.floor(frames.length / 50) - 1); // the last call made the last one
+    expect(line.warmStep()).toBe(false);
+    for (const seq of [1, 49, 50, 51, 150, frames.length])
+      expect(line.at(seq)).toEqual(viewAt(frames, seq));
+  });
 
   it("keeps its checkpoints over a longer feed and starts afresh over another one", () => {
     const log = recursiveTurn();

@@ -49,6 +49,19 @@ export class Timeline {
     return k === 0 ? emptyView() : (this.marks[k - 1] as ViewModel);
   }
 
+  /** Every checkpoint the frames so far call for is made. */
+  get warm(): boolean {
+    return this.marks.length >= Math.floor(this.frames.length / this.every);
+  }
+
+  /** Makes the next missing checkpoint, if any: true while more are missing. Run in idle time,
+   * so the first jump far into a long log finds its checkpoints made. */
+  warmStep(): boolean {
+    const want = Math.floor(this.frames.length / this.every);
+    if (this.marks.length < want) this.mark(this.marks.length + 1);
+    return this.marks.length < want;
+  }
+
   at(seq: number): ViewModel {
     const n = this.count(seq);
     const k = Math.floor(n / this.every);

@@ -207,3 +207,26 @@ async def test_a_message_to_a_purged_session_is_refused_and_opens_nothing(
         assert (await purging.head(log_subject(tenant, session))).seq == 0
         after = [raw.subject async for raw in purging.read_raw(session_filter(tenant, session))]
         assert after == left  # nothing stored under the purged id
+
+
+# -- 2. what a tenant learns of the deployment from the status page --------------------------
+
+
+async def test_the_runtime_status_names_no_deployment_address_to_a_tenant(
+    api: Api, nats_server: NatsServer
+) -> None:
+    tenant = tenant_id()
+    address = nats_server.url.split("://", 1)[1]  # host:port of the mesh's NATS
+    full = await api.client.get("/api/v1/runtime/status", headers=_admin(api, tenant))
+    assert full.status_code == 200, full.text
+    nats = next(c for c in full.json()["components"] if c["name"] == "nats")
+    assert address in nats["detail"]  # what a leak would show: the admin's view has it
+
+    seen = await api.call("GET", "/api/v1/runtime/status", tenant)
+    assert seen.status_code == 200, seen.text
+    assert address not in seen.text
+    mine = seen.json()["components"]
+    assert [(c["name"], c["state"]) for c in mine] == [
+        (c["name"], c["state"]) for c in full.json()["components"]
+    ]
+    assert all(c["detail"] == "" and c["replica"] is None for c in mine)

@@ -139,13 +139,19 @@ async def info(principal: CurrentPrincipal, request: Request) -> Info:
 
 
 @router.get("/runtime/status", response_model=RuntimeStatus, responses=ERRORS)
-async def runtime_status(tenant: CurrentTenant, request: Request) -> RuntimeStatus:
+async def runtime_status(principal: CurrentPrincipal, request: Request) -> RuntimeStatus:
+    """A component's detail and replica (the NATS address, a provider's last error) are the
+    deployment's: shown to an admin only; any other caller gets each one's name and state."""
+    tenant, admin = principal.tenant, principal.admin
     state = request.app.state.gateway
     readiness = await check(nats(request), state.settings.services, state.settings.probe_timeout_s)
     components = [
-        Component(name=c.name, kind=c.kind, state=c.state, detail=c.detail, replica=c.replica)
+        Component(
+            name=c.name, kind=c.kind, state=c.state, detail=c.detail if admin else "",
+            replica=c.replica if admin else None,
+        )
         for c in readiness.components
-    ]
+    ]  # fmt: skip
     try:
         agent: lm.AgentStatus = await ask_agent(
             request, bus.AGENT_STATUS, lm.GetAgentStatus(tenant=tenant), STATUS_TIMEOUT_S

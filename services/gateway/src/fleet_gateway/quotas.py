@@ -11,12 +11,16 @@ others.
   instant can both pass (each folded the other's only later): the overshoot is bounded by the
   number of replicas, and the agent's one-turn-per-session rule still holds exactly.
 - **Upload bytes**: shared, a byte bucket per tenant in the gateway KV (`UploadQuota`),
-  charged by the document and checkout uploads before anything is stored.
+  charged by the document and checkout uploads before anything is stored, and given back
+  (`UploadQuota.held`) when the upload then fails (the object store, the broker or the log):
+  only an upload that was kept costs its bytes.
 """
 
+import contextlib
+import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -25,6 +29,8 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from fleet_gateway.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -91,6 +97,18 @@ class Allowance(msgspec.Struct, frozen=True):
     at: float
 
 
+def give_bytes(
+    held: Allowance | None, now: float, size: int, capacity: int, window_s: float
+) -> Allowance:
+    """`held` refilled to `now` with `size` bytes given back (never above capacity)."""
+    level = (
+        float(capacity)
+        if held is None
+        else held.bytes + max(0.0, now - held.at) * (capacity / window_s)
+    )
+    return Allowance(min(float(capacity), level + size), now)
+
+
 def take_bytes(
     held: Allowance | None, now: float, size: int, capacity: int, window_s: float
 ) -> tuple[Allowance, float]:
@@ -115,6 +133,50 @@ class UploadQuota:
 
     def __init__(self, kv: KeyValue, capacity: int, window_s: float) -> None:
         self._kv, self.capacity, self.window_s = kv, capacity, window_s
+
+    @contextlib.asynccontextmanager
+    async def held(self, tenant: str, size: int, what: str) -> AsyncIterator[None]:
+        """`charge`, then the upload's work in the block: when the block fails, the bytes are
+        given back before the failure goes on (an upload not kept costs nothing)."""
+        await self.charge(tenant, size, what)
+        try:
+            yield
+        except BaseException:
+            await self.refund(tenant, size)
+            raise
+
+    async def refund(self, tenant: str, size: int) -> bool:
+        """Give `size` bytes back to the tenant's allowance (compare-and-set, retried). Best
+        effort: when the KV does not answer, the refund is logged and lost (the tenant is
+        short until the allowance refills), and the upload's own failure is what the caller
+        hears. Answers whether it was given back."""
+        key = f"uploads.{tenant}"
+        for _ in range(UPLOAD_TRIES):
+            try:
+                try:
+                    entry = await self._kv.get(key)
+                except KeyNotFoundError:
+                    held, revision = None, None
+                else:
+                    held = msgspec.json.decode(entry.value or b"", type=Allowance)
+                    revision = entry.revision
+                after = give_bytes(held, time.time(), size, self.capacity, self.window_s)
+                value = msgspec.json.encode(after)
+                if revision is None:
+                    await self._kv.create(key, value)
+                else:
+                    await self._kv.update(key, value, last=revision)
+                return True
+            except (KeyWrongLastSequenceError, APIError):  # another upload moved it first
+                continue
+            except (NatsError, TimeoutError) as exc:
+                log.warning(
+                    "upload allowance refund of %d bytes for tenant %s lost: %s",
+                    size, tenant, type(exc).__name__,
+                )  # fmt: skip
+                return False
+        log.warning("upload allowance refund of %d bytes for tenant %s lost: busy", size, tenant)
+        return False
 
     async def charge(self, tenant: str, size: int, what: str) -> None:
         if size > self.capacity:

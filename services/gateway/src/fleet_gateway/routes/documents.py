@@ -12,7 +12,10 @@
   repo URL); `SandboxAttached` on the log makes it the session's sandbox.
 
 Both charge the tenant's upload allowance (`quotas.UploadQuota`, shared by every replica) with
-the bytes they would store, once everything else is checked and before anything is stored.
+the bytes they would store, once everything else is checked and before anything is stored, and
+give the bytes back when the upload then fails (the object store, the broker or the log write:
+503/504, `UploadQuota.held`). An object store that does not keep a blob is 503
+`blob_store_unavailable`.
 """
 
 import io
@@ -22,6 +25,7 @@ import tarfile
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from pydantic import BaseModel
 
@@ -38,7 +42,7 @@ from fleet_events.session import (
 from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
 from fleet_gateway.quotas import UploadQuota
-from fleet_gateway.sessionlog import checked_session, session_log
+from fleet_gateway.sessionlog import SessionLog, checked_session, session_log
 from fleet_mesh import rpc
 
 router = APIRouter(prefix="/api/v1/sessions", tags=["documents"])
@@ -84,17 +88,30 @@ async def _read(upload: UploadFile, limit: int, what: str) -> bytes:
     return data
 
 
-async def _charge(request: Request, tenant: str, size: int, what: str) -> None:
-    """The tenant's upload allowance (shared by every replica): 429 with `Retry-After` when
-    it is short now, 413 when `size` is over the whole of it; charged before anything is
-    stored, after everything else was checked (a refused upload costs no allowance)."""
+def _allowance(request: Request) -> UploadQuota:
+    """The tenant's upload allowance (shared by every replica): `held(...)` is 429 with
+    `Retry-After` when it is short now, 413 when the size is over the whole of it; charged
+    before anything is stored, after everything else was checked (a refused upload costs no
+    allowance), and given back when the block fails."""
     uploads: UploadQuota | None = request.app.state.gateway.uploads
     if uploads is None:
         raise ApiError(
             503, "not_ready", "the gateway is waiting for the mesh's buckets; retry shortly",
             headers={"Retry-After": "1"},
         )  # fmt: skip
-    await uploads.charge(tenant, size, what)
+    return uploads
+
+
+async def _put(h: SessionLog, tenant: str, data: bytes) -> BlobRef:
+    try:
+        return await h.blobs.put(tenant, data)
+    except (NatsError, TimeoutError) as exc:
+        raise ApiError(
+            503, "blob_store_unavailable",
+            f"the object store did not keep the upload ({type(exc).__name__}); nothing was "
+            "recorded and the upload allowance is given back: retry shortly",
+            headers={"Retry-After": "2"},
+        ) from exc  # fmt: skip
 
 
 def _alias(alias: str | None, filename: str | None) -> str:
@@ -132,13 +149,13 @@ async def upload_document(
     h = await session_log(request)
     if (await h.store.head(log_subject(tenant, session))).seq == 0:
         raise not_found("session", session)  # before the blob: a refusal stores nothing
-    await _charge(request, tenant, len(data), "document")
-    ref = await h.blobs.put(tenant, data)
-    doc = DocumentRef(
-        alias=name, source="upload", origin=file.filename or name, blob=ref, chars=len(text),
-        media_type=file.content_type or "text/plain", title=title,
-    )  # fmt: skip
-    _, seq = await h.write(tenant, session, DocumentLoaded(document=doc), create=False)
+    async with _allowance(request).held(tenant, len(data), "document"):
+        ref = await _put(h, tenant, data)
+        doc = DocumentRef(
+            alias=name, source="upload", origin=file.filename or name, blob=ref,
+            chars=len(text), media_type=file.content_type or "text/plain", title=title,
+        )  # fmt: skip
+        _, seq = await h.write(tenant, session, DocumentLoaded(document=doc), create=False)
     return Uploaded(alias=name, sha256=ref.sha256, size=ref.size, chars=len(text), seq=seq)
 
 
@@ -204,40 +221,43 @@ async def upload_checkout(
     h = await session_log(request)
     if (await h.store.head(log_subject(tenant, session))).seq == 0:
         raise not_found("session", session)
-    await _charge(request, tenant, sum(len(data) for data in files.values()), "checkout")
-    refs: dict[str, BlobRef] = {
-        path: await h.blobs.put(tenant, data) for path, data in files.items()
-    }
-    create = CreateSandbox(
-        request_id=new_id(), tenant=tenant, labels={"session": session},
-        context_files=refs, local_checkout=True,
-    )  # fmt: skip
-    try:
-        info = await rpc.call_verb(h.nc, bus.CREATE_SANDBOX, create, timeout=CREATE_TIMEOUT_S)
-    except NoRespondersError:
-        raise ApiError(
-            503, "sandbox_unavailable",
-            "no sandbox broker answers on the bus: start one (fleet up does), then upload again",
-            headers={"Retry-After": "5"},
-        ) from None  # fmt: skip
-    except TimeoutError:
-        raise ApiError(
-            504, "sandbox_timeout",
-            f"the sandbox broker did not start the checkout's sandbox within "
-            f"{CREATE_TIMEOUT_S:g} s; upload again (the files are kept, a retry stores none twice)",
-        ) from None  # fmt: skip
-    except rpc.RemoteError as exc:
-        status = 422 if exc.code == "bad_request" else 503
-        raise ApiError(
-            status, "sandbox_unavailable" if status == 503 else "sandbox_refused",
-            f"the sandbox broker could not start the checkout's sandbox: {exc.message}",
-            details={"broker_code": exc.code},
-        ) from None  # fmt: skip
-    interpreter = InterpreterState(sandbox=info.sandbox, workspace=info.workspace)
-    _, seq = await h.write(
-        tenant, session, SandboxAttached(interpreter=interpreter, reason="local_checkout"),
-        create=False,
-    )  # fmt: skip
+    size = sum(len(data) for data in files.values())
+    async with _allowance(request).held(tenant, size, "checkout"):
+        refs: dict[str, BlobRef] = {
+            path: await _put(h, tenant, data) for path, data in files.items()
+        }
+        create = CreateSandbox(
+            request_id=new_id(), tenant=tenant, labels={"session": session},
+            context_files=refs, local_checkout=True,
+        )  # fmt: skip
+        try:
+            info = await rpc.call_verb(h.nc, bus.CREATE_SANDBOX, create, timeout=CREATE_TIMEOUT_S)
+        except NoRespondersError:
+            raise ApiError(
+                503, "sandbox_unavailable",
+                "no sandbox broker answers on the bus: start one (fleet up does), then upload "
+                "again (the upload allowance is given back)",
+                headers={"Retry-After": "5"},
+            ) from None  # fmt: skip
+        except TimeoutError:
+            raise ApiError(
+                504, "sandbox_timeout",
+                f"the sandbox broker did not start the checkout's sandbox within "
+                f"{CREATE_TIMEOUT_S:g} s; upload again (the files are kept, a retry stores none "
+                "twice; the upload allowance is given back)",
+            ) from None  # fmt: skip
+        except rpc.RemoteError as exc:
+            status = 422 if exc.code == "bad_request" else 503
+            raise ApiError(
+                status, "sandbox_unavailable" if status == 503 else "sandbox_refused",
+                f"the sandbox broker could not start the checkout's sandbox: {exc.message}",
+                details={"broker_code": exc.code},
+            ) from None  # fmt: skip
+        interpreter = InterpreterState(sandbox=info.sandbox, workspace=info.workspace)
+        _, seq = await h.write(
+            tenant, session, SandboxAttached(interpreter=interpreter, reason="local_checkout"),
+            create=False,
+        )  # fmt: skip
     return CheckedOut(
         sandbox=info.sandbox, files=len(refs), bytes=sum(r.size for r in refs.values()), seq=seq
     )

@@ -272,6 +272,15 @@ await scenario("restore-and-scrub", async () => {
     .getByTestId("audit-badge")
     .getByText(/verified: \d+ events/)
     .waitFor({ timeout: T.ui });
+  // renamed, then found by its title
+  await page.getByLabel("Title", { exact: true }).fill("Six times seven");
+  await page.getByRole("button", { name: "Rename" }).click();
+  await page.getByRole("heading", { name: "Six times seven" }).waitFor({ timeout: T.ui });
+  await page.getByLabel("Search by title or id").fill("times sev");
+  await page
+    .getByRole("navigation", { name: "All sessions" })
+    .getByText("Six times seven")
+    .waitFor({ timeout: T.ui });
   await page.getByLabel("State as of").selectOption({ index: 1 });
   await page.getByRole("button", { name: "Restore" }).click();
   await page.getByTestId("restored").waitFor({ timeout: T.ui });
@@ -296,7 +305,7 @@ await scenario("restore-and-scrub", async () => {
 
 await scenario("export-import-audit", async () => {
   await page.getByRole("link", { name: "Sessions", exact: true }).click();
-  await page.getByRole("button", { name: new RegExp(first) }).click();
+  await page.getByRole("button", { name: /Six times seven/ }).click();
   const [download] = await Promise.all([
     page.waitForEvent("download"),
     page.getByRole("button", { name: "Export JSONL" }).click(),
@@ -449,7 +458,10 @@ await scenario("contrast-wcag-aa", async () => {
     await page.waitForLoadState("networkidle");
     bad.push(...(await contrastProblems()).map((p) => `${screen}: ${p}`));
   }
-  await page.getByRole("link", { name: new RegExp(first) }).click();
+  await page
+    .getByRole("link", { name: /Six times seven/ })
+    .last()
+    .click(); // the import is newer
   await page.locator("[data-cell]").first().waitFor({ timeout: T.ui });
   bad.push(...(await contrastProblems()).map((p) => `session: ${p}`));
   check(bad.length === 0, `below WCAG AA: ${bad.slice(0, 8).join("; ")}`);

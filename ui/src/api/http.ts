@@ -340,6 +340,10 @@ export class Api {
     return this.call("GET", `/api/v1/sessions/${encodeURIComponent(id)}`);
   }
 
+  renameSession(id: string, title: string): Promise<{ seq: number }> {
+    return this.call("PATCH", `/api/v1/sessions/${encodeURIComponent(id)}`, { title });
+  }
+
   turns(id: string): Promise<{ items: TurnOut[]; next_cursor: string | null }> {
     return this.call("GET", `/api/v1/sessions/${encodeURIComponent(id)}/turns?limit=200`);
   }

@@ -51,6 +51,15 @@ function Detail({ api, id }: { api: Api; id: string }) {
   const audit = useQuery({ queryKey: ["audit", id], queryFn: () => api.audit(id) });
   const turns = useQuery({ queryKey: ["turns", id], queryFn: () => api.turns(id) });
   const [upto, setUpto] = useState<number | "">("");
+  const [title, setTitle] = useState<string | null>(null);
+  const renamed = useMutation({
+    mutationFn: (next: string) => api.renameSession(id, next),
+    onSuccess: async () => {
+      setTitle(null);
+      await client.invalidateQueries({ queryKey: ["session", id] });
+      await client.invalidateQueries({ queryKey: ["sessions"] });
+    },
+  });
   const exported = useMutation({
     mutationFn: () => api.exportSession(id),
     onSuccess: (text) => download(`${id}.jsonl`, text),
@@ -66,6 +75,26 @@ function Detail({ api, id }: { api: Api; id: string }) {
       {s ? (
         <>
           <h2 className="text-lg font-semibold">{s.title || s.id}</h2>
+          <form
+            aria-label="Rename"
+            className="flex items-center gap-2 text-sm"
+            onSubmit={(e) => {
+              e.preventDefault();
+              if (title?.trim()) renamed.mutate(title.trim());
+            }}
+          >
+            <label htmlFor="session-title">Title</label>
+            <input
+              id="session-title"
+              className={input}
+              value={title ?? s.title}
+              onChange={(e) => setTitle(e.target.value)}
+            />
+            <button type="submit" className={button} disabled={title == null || !title.trim()}>
+              Rename
+            </button>
+          </form>
+          <ErrorText error={renamed.error} />
           <dl className="grid grid-cols-[10rem_1fr] gap-1 text-sm">
             <dt className="text-slate-300">id</dt>
             <dd className="font-mono">{s.id}</dd>

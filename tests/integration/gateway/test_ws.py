@@ -124,7 +124,7 @@ async def test_bad_frames_get_error_frames_and_the_socket_stays_usable(
         (message(content="   "), "empty_message"),
         (message(content="x" * 1_100_000), "frame_too_large"),
         (message(trace_mode="loud"), "invalid_trace_mode"),
-        (message(repo_url="https://example.invalid/r.git"), "unsupported_field"),
+        (message(repo_url="https://example.invalid/r.git", repo_ref="-x"), "invalid_repo_ref"),
         (message(context_paths=["src/../../etc"]), "invalid_context_path"),
         (message(document_ids=["notes"]), "document_not_found"),  # none is loaded here
         (json.dumps({"type": "cancel"}), "nothing_to_cancel"),

@@ -116,7 +116,9 @@ def test_remote_urls_pass(url: str) -> None:
 def test_urls_outside_the_allow_list_are_refused_saying_why(url: str, why: str) -> None:
     with pytest.raises(BadSpec) as caught:
         check_repo_url(url, allow_local=False)
-    assert caught.value.message == f"repo_url {url!r} is refused: {why}; {REMOTE}{TAIL}"
+    shown = url.replace(":token@", ":***@")  # a password is never echoed back
+    assert caught.value.message == f"repo_url {shown!r} is refused: {why}; {REMOTE}{TAIL}"
+    assert "token@" not in caught.value.message
 
 
 def test_local_sources_only_where_allowed() -> None:

@@ -60,6 +60,12 @@ class TurnRequested(Event, frozen=True, kw_only=True, tag="turn.requested"):
     """Paths, relative to the session sandbox's working directory (a checkout uploaded through
     `POST /api/v1/sessions/{id}/checkout`), that the message asks about: named to the agent,
     which reads them with code (`fleet run --context DIR`)."""
+    repo_url: str | None = None
+    """A git repository the turn works in (`fleet run --repo URL`): the session's sandbox gets
+    it cloned at `repo_ref` into `repo/` of its working directory (the broker's
+    `CreateSandbox.repo_url`). The gateway refuses a URL that `fleet_events.git` refuses."""
+    repo_ref: str | None = None
+    """The branch, tag or commit id of `repo_url` to check out (None: its default branch)."""
 
 
 EXECUTION_MODES = ("auto", "rlm_only", "tools_only")

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from fleet_events.git import ref_refusal, repo_url_refusal
 from fleet_events.ids import InvalidId, check_id
 from fleet_events.session import EXECUTION_MODES
 from fleet_gateway.live import TRACE_MODES
@@ -136,18 +137,20 @@ def _check_message(frame: MessageFrame) -> None:
             "invalid_trace_mode",
             f"trace_mode {frame.trace_mode[:32]!r} is not one of {', '.join(TRACE_MODES)}",
         )
-    if frame.repo_ref is not None and frame.repo_url is None:
-        raise FrameError(
-            "repo_ref_requires_repo",
-            f"repo_ref {frame.repo_ref[:64]!r} names a ref of no repository: send repo_url too",
-        )
-    if len(frame.context_paths) > MAX_PATHS or len(frame.document_ids) > MAX_PATHS:
+    check_repo(frame.repo_url, frame.repo_ref)
+    check_context(frame.document_ids, frame.context_paths)
+
+
+def check_context(document_ids: list[str], context_paths: list[str]) -> None:
+    """A turn's named documents and sandbox paths (the frame's and `POST /{id}/turns`'s):
+    FrameError (`too_many_paths`, `invalid_id`, `invalid_context_path`) naming the value."""
+    if len(context_paths) > MAX_PATHS or len(document_ids) > MAX_PATHS:
         raise FrameError(
             "too_many_paths", f"at most {MAX_PATHS} context paths and {MAX_PATHS} document ids"
         )
-    for doc in frame.document_ids:
+    for doc in document_ids:
         _id("document", doc)
-    for path in frame.context_paths:
+    for path in context_paths:
         parts = path.split("/")
         if (
             not path
@@ -161,3 +164,22 @@ def _check_message(frame: MessageFrame) -> None:
                 f"context path {path[:80]!r} is not usable: a path relative to the session "
                 f"sandbox's working directory, without '..', at most {MAX_PATH_CHARS} characters",
             )
+
+
+def check_repo(url: str | None, ref: str | None) -> None:
+    """A turn's repository fields: FrameError (`repo_ref_requires_repo`, `invalid_repo_url`,
+    `invalid_repo_ref`) naming the value and the rule it breaks, by the broker's own rules
+    (`fleet_events.git`); local paths and file:// are never taken from a client."""
+    if ref is not None and url is None:
+        raise FrameError(
+            "repo_ref_requires_repo",
+            f"repo_ref {ref[:64]!r} names a ref of no repository: send repo_url too",
+        )
+    if url is not None:
+        why = repo_url_refusal(url, allow_local=False)
+        if why is not None:
+            raise FrameError("invalid_repo_url", why)
+    if ref is not None:
+        why = ref_refusal(ref)
+        if why is not None:
+            raise FrameError("invalid_repo_ref", why.replace("ref ", "repo_ref ", 1))

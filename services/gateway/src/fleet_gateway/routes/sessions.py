@@ -32,6 +32,7 @@ from fleet_events.session import PurgeSession as PurgeRequest
 from fleet_gateway.auth import CurrentPrincipal
 from fleet_gateway.components import ready
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
+from fleet_gateway.frames import FrameError, check_context, check_repo
 from fleet_gateway.projections import ProjectionStore
 from fleet_gateway.projections.fold import stamp
 from fleet_gateway.projections.store import decode_cursor, encode_cursor
@@ -92,6 +93,16 @@ class DeleteSession(Strict):
 class RequestTurn(Strict):
     message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
     mode: Literal["auto", "rlm_only", "tools_only"] = "auto"
+    document_ids: list[str] = Field(
+        default=[], description="aliases of documents loaded in this session to read into the turn"
+    )
+    context_paths: list[str] = Field(
+        default=[], description="paths in the session sandbox's working directory to name"
+    )
+    repo_url: str | None = Field(
+        default=None, description="a git repository (https, ssh or git URL) cloned for the turn"
+    )
+    repo_ref: str | None = Field(default=None, description="its branch, tag or commit id")
 
 
 class RequestCancel(Strict):
@@ -450,11 +461,23 @@ async def request_turn(
     active = projections.active_turns(principal.tenant)
     if active >= limit:
         raise turns_over_quota(principal.tenant, active, limit)
+    try:
+        check_repo(body.repo_url, body.repo_ref)
+        check_context(body.document_ids, body.context_paths)
+    except FrameError as exc:
+        raise ApiError(422, exc.code, exc.message) from None
     turn = new_id()
     done = await (await session_log(request)).append(
         principal.tenant,
         session_id,
-        TurnRequested(message=body.message, mode=body.mode),
+        TurnRequested(
+            message=body.message,
+            mode=body.mode,
+            document_ids=tuple(body.document_ids),
+            context_paths=tuple(body.context_paths),
+            repo_url=body.repo_url,
+            repo_ref=body.repo_ref,
+        ),
         turn=turn,
     )
     return TurnAccepted(seq=done.seq, session=session_id, turn=turn)

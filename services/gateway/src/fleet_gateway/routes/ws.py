@@ -219,13 +219,6 @@ async def _handle(sock: _Socket, frame: ClientFrame) -> None:
             active = state.projections.active_turns(tenant) if state.projections else 0
             if active >= limit:  # the same quota as POST /{id}/turns
                 raise turns_over_quota(tenant, active, limit)
-            if frame.repo_url:
-                raise FrameError(
-                    "unsupported_field",
-                    "repo_url cannot reach the agent yet (TurnRequested does not carry it): "
-                    "upload the checkout (POST /api/v1/sessions/{id}/checkout) and name its "
-                    "files in context_paths",
-                )
             if frame.document_ids:
                 await _check_documents(sock, frame.session_id, frame.document_ids)
             mode: TraceMode = "off" if not frame.trace else _mode(frame.trace_mode)
@@ -233,6 +226,7 @@ async def _handle(sock: _Socket, frame: ClientFrame) -> None:
             request = TurnRequested(
                 message=frame.content, mode=frame.execution_mode,
                 document_ids=tuple(frame.document_ids), context_paths=tuple(frame.context_paths),
+                repo_url=frame.repo_url, repo_ref=frame.repo_ref,
             )  # fmt: skip
             first, seq = await sock.handles.write(
                 tenant, frame.session_id, request, turn=turn, event_id=turn

@@ -1,106 +1,30 @@
 """What a tenant may ask git to fetch: repository URLs and refs, checked before git sees them.
 
-Both reach a `git` command line, so a value git would read as an option
-(`--pathspec-from-file=/etc/shadow`, `--upload-pack=...`) or a transport that runs a command
-(`ext::`) must never get through. Refs follow git's own rules (`git check-ref-format`) on a
-narrow alphabet, or are a commit id; URLs are https/ssh/git (local paths and file:// only
-where the broker allows local repositories, in tests). Pure functions: no I/O.
+The rules are pure and shared with the gateway, which refuses a bad turn's `repo_url` /
+`repo_ref` before storing it: `fleet_events.git` (no leading `-`; refs by `git
+check-ref-format` on a narrow alphabet or a commit id; URLs https/ssh/git, local paths and
+file:// only where the broker allows local repositories, in tests). Here they raise `BadSpec`.
 """
 
-import re
-from urllib.parse import urlsplit
-
+from fleet_events.git import LOCAL_SCHEMES, MAX_REF, MAX_URL, SCHEMES, ref_refusal, repo_url_refusal
 from fleet_sandbox_broker.errors import BadSpec
 
-SCHEMES = ("https", "ssh", "git")
-LOCAL_SCHEMES = ("file",)
-MAX_REF = 255
-MAX_URL = 2048
-
-_SHA = re.compile(r"[0-9a-f]{7,64}")
-_REF_CHARS = re.compile(r"[A-Za-z0-9._/+=-]+")
-# a name or IPv4 address (never starting with '-' or '.'), or an IPv6 address (brackets gone)
-_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*|[0-9A-Fa-f]*:[0-9A-Fa-f:.]*")
-_USER = re.compile(r"[A-Za-z0-9._-]+")
-
-_HINT = "give a branch or tag name (git check-ref-format rules) or a commit id"
+__all__ = ["LOCAL_SCHEMES", "MAX_REF", "MAX_URL", "SCHEMES", "check_ref", "check_repo_url"]
 
 
 def check_ref(ref: str | None) -> str | None:
     """`ref` if git can only read it as a ref name or a commit id; else BadSpec saying why."""
     if ref is None:
         return None
-    why = _ref_problem(ref)
+    why = ref_refusal(ref)
     if why is not None:
-        raise BadSpec(f"ref {ref!r} is refused: {why}; {_HINT}")
+        raise BadSpec(why)
     return ref
-
-
-def _ref_problem(ref: str) -> str | None:
-    if not ref:
-        return "it is empty"
-    if len(ref) > MAX_REF:
-        return f"it is longer than {MAX_REF} characters"
-    if ref.startswith("-"):
-        return "it starts with '-', which git would read as an option"
-    if _SHA.fullmatch(ref):
-        return None
-    if not _REF_CHARS.fullmatch(ref):
-        return "it holds a character outside letters, digits and . _ / + = -"
-    if ".." in ref:
-        return "it contains '..'"
-    if ref.startswith("/") or ref.endswith(("/", ".")) or "//" in ref:
-        return "a ref name cannot start or end with '/', end with '.' or contain '//'"
-    for part in ref.split("/"):
-        if part.startswith(".") or part.endswith(".lock"):
-            return f"its component {part!r} starts with '.' or ends with '.lock'"
-    return None
 
 
 def check_repo_url(url: str, *, allow_local: bool) -> str:
     """`url` if it names a remote repository over an allowed transport; else BadSpec."""
-    why = _url_problem(url, allow_local)
+    why = repo_url_refusal(url, allow_local=allow_local)
     if why is not None:
-        kinds = "an https://, ssh:// or git:// URL" + (
-            ", a file:// URL or a local path" if allow_local else ""
-        )
-        raise BadSpec(
-            f"repo_url {url!r} is refused: {why}; use {kinds}. A local checkout is uploaded "
-            "as context files, never read from the server's disk"
-        )
+        raise BadSpec(why)
     return url
-
-
-def _url_problem(url: str, allow_local: bool) -> str | None:
-    if not url:
-        return "it is empty"
-    if len(url) > MAX_URL:
-        return f"it is longer than {MAX_URL} characters"
-    if url.startswith("-"):
-        return "it starts with '-', which git would read as an option"
-    if any(ch.isspace() or not ch.isprintable() for ch in url):
-        return "it contains whitespace or a control character"
-    if "://" not in url:
-        if allow_local and url.startswith("/") and "::" not in url:
-            return None
-        return "it is not a URL with a scheme (scp-like and transport:: forms are refused)"
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme in LOCAL_SCHEMES:
-        return None if allow_local else "local repositories are not allowed on this server"
-    if scheme not in SCHEMES:
-        return f"the scheme {scheme!r} is not allowed"
-    if parts.password is not None:
-        return "it carries a password; credentials never travel in a repo URL"
-    if parts.username is not None and not _USER.fullmatch(parts.username):
-        return f"the user name {parts.username!r} is not plain"
-    host = parts.hostname or ""
-    if not _HOST.fullmatch(host):
-        return f"the host {host!r} is not a host name or address"
-    try:
-        parts.port  # noqa: B018 - urlsplit checks the port when it is read
-    except ValueError:
-        return "its port is not a number from 0 to 65535"
-    if parts.path in ("", "/"):
-        return "it names no repository path"
-    return None

@@ -1,7 +1,7 @@
 """The text a turn's named context adds after its message (pure)."""
 
 from fleet_agent.chat.escalation import CONTEXT_THRESHOLD, opening
-from fleet_agent.chat.turn_context import MAX_LISTED_PATHS, block
+from fleet_agent.chat.turn_context import MAX_LISTED_PATHS, REPO_DIR, block
 from fleet_events.envelope import BlobRef
 from fleet_events.session import DocumentRef
 
@@ -47,3 +47,17 @@ def test_an_attached_text_alone_does_not_send_the_turn_to_the_tools() -> None:
     moved = opening("auto", len(named), named, CONTEXT_THRESHOLD)
     assert moved is not None
     assert moved.to_module == "react"  # paths are read with code
+
+
+def test_a_named_repository_is_given_with_its_checkout_path_and_sends_the_turn_to_tools() -> None:
+    url = "https://example.invalid/acme/widgets.git"
+    text = block([], [], (), repo=(url, "v1.2"))
+    assert text == (
+        f"\n\n[repository {url!r} at 'v1.2', checked out in the session sandbox's working "
+        f"directory under {REPO_DIR}/ (read its files with code, e.g. open('repo/README.md'))]"
+    )
+    assert "at its default branch" in block([], [], (), repo=(url, None))
+    message = "What changed?" + text
+    moved = opening("auto", len(message), message, CONTEXT_THRESHOLD)
+    assert moved is not None
+    assert moved.to_module == "react"  # a checkout is read with code, never from the prompt

@@ -171,6 +171,8 @@ class Gateway:
         resumes: int = 5,
         document_ids: Sequence[str] = (),
         context_paths: Sequence[str] = (),
+        repo_url: str | None = None,
+        repo_ref: str | None = None,
     ) -> TurnResult:
         """Send one message over `/ws/execution` and read until that turn ends. The turn id is
         made here, so a resent frame stores once and the ending is told apart from any other
@@ -183,11 +185,13 @@ class Gateway:
         cancel = cancel or asyncio.Event()
         last_seq = 0
         accepted = False
-        frame = {
+        frame: dict[str, Any] = {
             "type": "message", "session_id": session, "turn_id": turn,
             "content": message, "execution_mode": mode,
             "document_ids": list(document_ids), "context_paths": list(context_paths),
         }  # fmt: skip
+        if repo_url is not None:  # the session's sandbox gets it cloned at repo_ref
+            frame |= {"repo_url": repo_url, "repo_ref": repo_ref}
         for attempt in range(resumes + 1):
             if attempt == 0:
                 path, query = "/api/v1/ws/execution", {"session_id": session}

@@ -21,6 +21,7 @@ from fleet_cli.commands.common import (
 )
 from fleet_cli.context import Context, ContextError, gather
 from fleet_cli.progress import describe
+from fleet_events.git import ref_refusal, repo_url_refusal
 from fleet_events.ids import InvalidId, check_id
 
 
@@ -49,6 +50,16 @@ async def _upload(gw: Gateway, session: str, given: Context, *, quiet: bool) -> 
             )
 
 
+def _check_repo(repo: str | None, ref: str | None) -> None:
+    """`--repo` / `--ref` by the gateway's own rules, so bad input exits 2 before any call."""
+    if ref is not None and repo is None:
+        raise fail(f"--ref {ref!r} names a ref of no repository: pass --repo URL too")
+    why = None if repo is None else repo_url_refusal(repo, allow_local=False)
+    why = why or (None if ref is None else ref_refusal(ref))
+    if why is not None:
+        raise fail(f"--repo/--ref: {why}")
+
+
 def run_command(
     question: Annotated[str, typer.Argument(help="the message for the agent")],
     mode: Annotated[str, typer.Option(help="auto | rlm_only | tools_only")] = "auto",
@@ -66,6 +77,17 @@ def run_command(
             "checkout) the question is about; repeat for more",
         ),
     ] = None,
+    repo: Annotated[
+        str | None,
+        typer.Option(
+            "--repo",
+            help="a git repository (https://, ssh:// or git:// URL) the session's sandbox "
+            "clones into repo/ for the question",
+        ),
+    ] = None,
+    ref: Annotated[
+        str | None, typer.Option("--ref", help="the branch, tag or commit id of --repo")
+    ] = None,
     data_dir: DataDir = DEFAULT_DATA_DIR,
 ) -> None:
     """Ask once over the WebSocket: progress on stderr, the answer alone on stdout; exit 0
@@ -79,6 +101,7 @@ def run_command(
             check_id("session", session)
         except InvalidId as exc:
             raise fail(str(exc)) from None
+    _check_repo(repo, ref)
     try:
         given = gather(context or [])
     except ContextError as exc:
@@ -94,6 +117,7 @@ def run_command(
             return await gw.run_turn(
                 question, mode=mode, session=sid, on_frame=show,
                 document_ids=given.document_ids, context_paths=given.context_paths,
+                repo_url=repo, repo_ref=ref,
             )  # fmt: skip
 
     result = call(go())

@@ -6,7 +6,8 @@ The named documents' text is read from the object store and put after the messag
 header naming it (worded so that an attached text alone does not send the turn to the tools:
 the escalation rule's tool words are for what only a tool can reach); the named sandbox paths
 are listed for the agent to read with code (they are files of the checkout the session's
-sandbox was given). The message and the block together are
+sandbox was given), and a named repository (`TurnRequested.repo_url` at `repo_ref`) with the
+path the broker cloned it to (`repo/`). The message and the block together are
 the turn's question: ChainOfThought and ReAct read them as the question, the RLM route as its
 task, and the escalation rule counts their characters (a document past the context threshold
 goes to the RLM, as a long message does). A `tools_only` turn cannot reach the RLM, so there a
@@ -21,17 +22,27 @@ from fleet_mesh.blobs import BlobNotFound, JetStreamBlobs
 
 log = logging.getLogger("fleet.agent.chat")
 MAX_LISTED_PATHS = 100
+REPO_DIR = "repo"
+"""Where the broker clones a `repo_url`: `repo/` of the sandbox's working directory."""
 
 
 def block(
     documents: list[tuple[DocumentRef, str]], missing: list[str], paths: tuple[str, ...],
-    *, max_chars: int | None = None,
+    *, max_chars: int | None = None, repo: tuple[str, str | None] | None = None,
 ) -> str:  # fmt: skip
     """The text that follows the message (empty when the request names nothing). Pure.
 
     With `max_chars` (a turn that may not reach the RLM: `tools_only`), documents are put in
-    whole only while their text fits in it; the rest are named for the document tools."""
+    whole only while their text fits in it; the rest are named for the document tools. `repo`
+    (the request's `repo_url`, `repo_ref`) is named with its checkout path, `REPO_DIR`."""
     parts = []
+    if repo is not None:
+        url, repo_ref = repo
+        at = f"at {repo_ref!r}" if repo_ref else "at its default branch"
+        parts.append(
+            f"[repository {url!r} {at}, checked out in the session sandbox's working directory "
+            f"under {REPO_DIR}/ (read its files with code, e.g. open('{REPO_DIR}/README.md'))]"
+        )
     room = max_chars
     for ref, text in documents:
         header = f"[attached {ref.alias!r} ({ref.origin[:200]}, {len(text)} characters)"
@@ -61,7 +72,7 @@ async def read_context(
 ) -> str:  # fmt: skip
     """The block for `request`, reading each named document's text (on the bus loop); a
     `tools_only` turn gets at most `max_chars` of document text put in whole."""
-    if request is None or not (request.document_ids or request.context_paths):
+    if request is None or not (request.document_ids or request.context_paths or request.repo_url):
         return ""
     found: list[tuple[DocumentRef, str]] = []
     missing: list[str] = []
@@ -78,4 +89,5 @@ async def read_context(
             continue
         found.append((ref, text_of(data, ref.media_type, ref.origin)[0]))
     room = max_chars if request.mode == "tools_only" else None
-    return block(found, missing, request.context_paths, max_chars=room)
+    repo = (request.repo_url, request.repo_ref) if request.repo_url else None
+    return block(found, missing, request.context_paths, max_chars=room, repo=repo)

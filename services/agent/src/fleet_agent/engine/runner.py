@@ -36,11 +36,11 @@ from fleet_agent.engine.rlm import SANDBOX_LOST, run_rlm
 from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.runners import Answered, CancelToken, Stopped, TurnInput
-from fleet_agent.session_state import FOLD
+from fleet_agent.session_state import FOLD, SessionState
 from fleet_events import Envelope, bus, new_id, streams, utc_now
 from fleet_events import sandbox as sb
 from fleet_events.budget import CloseTree, OpenTree
-from fleet_events.session import InterpreterState, SandboxAttached, log_subject, session_filter
+from fleet_events.session import InterpreterState, SandboxAttached, TurnRequested, log_subject
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.secrets import SecretError, private_key_from_env
@@ -195,10 +195,12 @@ async def session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: str
 async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: str) -> str:
     js = mesh.bus.nc.jetstream()
     lenient = EventStore(js, streams.SESSIONS, LenientCodec(await JetStreamBlobs.open(js)))
-    state = (await lenient.load(session_filter(tenant, session), FOLD, use_snapshot=False)).state
+    state, wanted = await _fold_and_repo(lenient, tenant, session, turn)
     known = state.image.interpreter
     nc = mesh.bus.nc
-    if known is not None and known.sandbox:
+    if wanted is None and known is not None:
+        wanted = (known.repo_url, known.ref)
+    if known is not None and known.sandbox and wanted == (known.repo_url, known.ref):
         info = await rpc.call_verb(
             nc, bus.RESUME_SANDBOX,
             sb.ResumeSandbox(request_id=new_id(), tenant=tenant, sandbox=known.sandbox),
@@ -207,18 +209,34 @@ async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: st
         if info.sandbox == known.sandbox:
             return info.sandbox
         reason = "replaced"
-    else:
+    else:  # none yet, or the turn names another repository or ref: a sandbox with it cloned
+        repo_url, ref = wanted or (None, None)
         create = sb.CreateSandbox(
             request_id=new_id(), tenant=tenant, labels={"session": session, "role": "session"},
             volume=known.volume if known else None,
             volume_subpath=known.volume_subpath if known else None,
-            repo_url=known.repo_url if known else None, ref=known.ref if known else None,
+            repo_url=repo_url, ref=ref,
         )  # fmt: skip
-        info = await rpc.call_verb(nc, bus.CREATE_SANDBOX, create, timeout=60)
-        reason = "created"
+        info = await rpc.call_verb(nc, bus.CREATE_SANDBOX, create, timeout=120)
+        reason = "repo" if known is not None and known.sandbox else "created"
     replaces = known.sandbox or "" if known else ""
     await _attach(mesh, tenant, session, turn, info, replaces, reason)
     return info.sandbox
+
+
+async def _fold_and_repo(
+    store: EventStore, tenant: str, session: str, turn: str
+) -> tuple[SessionState, tuple[str | None, str | None] | None]:
+    """The session's fold and the repository this turn's request names (None: it names none),
+    in one pass over the session's `.log` (the fold leaves run steps alone: `load_turn`)."""
+    state = FOLD.initial()
+    wanted: tuple[str | None, str | None] | None = None
+    async for stored in store.replay(log_subject(tenant, session)):
+        state = FOLD.evolve(state, stored)
+        data = stored.envelope.data
+        if isinstance(data, TurnRequested) and stored.envelope.turn == turn and data.repo_url:
+            wanted = wanted or (data.repo_url, data.repo_ref)
+    return state, wanted
 
 
 async def _attach(

@@ -51,6 +51,7 @@ from fleet_events.session import (
     MemoryFile,
     MemoryFileWritten,
 )
+from fleet_mesh.rpc import RemoteError
 
 RESULT_CHARS = 16_000
 BATCH_LIMIT = 4
@@ -119,6 +120,31 @@ class ToolKit:
         with self._lock:
             self.calls += 1
             return f"{self.ctx.run}-t{self.calls}"
+
+
+FILE_REFUSALS = ("path_refused", "too_large")
+"""The broker's answers about a path that the model can act on (its message says why)."""
+
+
+def read_sandbox_file(kit: ToolKit, path: str) -> bytes:
+    """A file of the session's sandbox workspace; the broker's refusal (no such file, a path
+    outside the workspace, too large) told to the model as it said it."""
+    try:
+        return kit.ctx.mesh.bus.read_file(kit.sandbox(), path)
+    except RemoteError as exc:
+        if exc.code not in FILE_REFUSALS:
+            raise
+        hint = " (list_files shows what is there)" if exc.code == "path_refused" else ""
+        raise ToolError(exc.message[:500] + hint) from None
+
+
+def write_sandbox_file(kit: ToolKit, path: str, data: bytes) -> None:
+    try:
+        kit.ctx.mesh.bus.put_file(kit.sandbox(), path, data)
+    except RemoteError as exc:
+        if exc.code not in FILE_REFUSALS:
+            raise
+        raise ToolError(exc.message[:500]) from None
 
 
 def _shown(value: Any) -> Any:
@@ -192,7 +218,7 @@ class Documents:
                 digest = source.removeprefix("upload:")
                 data = self._blob(digest)
                 return self._store(docs.alias_for(digest[:12], alias), "upload", source, data, "")
-            data = self.kit.ctx.mesh.bus.read_file(self.kit.sandbox(), source)
+            data = read_sandbox_file(self.kit, source)
             return self._store(docs.alias_for(source, alias), "sandbox_path", source, data, "")
         except docs.DocumentError as exc:
             raise ToolError(str(exc)) from None
@@ -320,7 +346,7 @@ class Memory:
     def memory_write(self, path: str, content: str) -> str:
         """Write a memory file on the session's volume (kept across turns and restores)."""
         data = content.encode()
-        self.kit.ctx.mesh.bus.put_file(self.kit.sandbox(), self._path(path), data)
+        write_sandbox_file(self.kit, self._path(path), data)
         file = MemoryFile(path=path, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
         self.kit.log(MemoryFileWritten(file=file))
         self.kit.state.memory_files[path] = file
@@ -331,7 +357,7 @@ class Memory:
         if path not in self.kit.state.memory_files:
             known = ", ".join(self.kit.state.memory_files) or "none"
             raise ToolError(f"no memory file {path!r} (written so far: {known})")
-        data = self.kit.ctx.mesh.bus.read_file(self.kit.sandbox(), self._path(path))
+        data = read_sandbox_file(self.kit, self._path(path))
         return data.decode("utf-8", errors="replace")
 
     def memory_list(self) -> list[str]:
@@ -372,13 +398,13 @@ class Sandbox:
 
     def workspace_read(self, path: str) -> str:
         """Read a text file from the session's sandbox workspace."""
-        data = self.kit.ctx.mesh.bus.read_file(self.kit.sandbox(), path)
+        data = read_sandbox_file(self.kit, path)
         return data.decode("utf-8", errors="replace")
 
     def workspace_write(self, path: str, content: str) -> str:
         """Write a text file in the session's sandbox workspace (it persists across turns)."""
         data = content.encode()
-        self.kit.ctx.mesh.bus.put_file(self.kit.sandbox(), path, data)
+        write_sandbox_file(self.kit, path, data)
         return f"wrote {path!r} ({len(data)} bytes)"
 
     def _run(self, code: str, variables: dict[str, Any] | None = None) -> str:

@@ -1,0 +1,166 @@
+"""The chat agent's recursion and document tools on the real mesh: an agent replica with
+`FLEET_AGENT_RUNNER=chat`, a real sandbox broker, budget and sandboxes as processes, and the
+scripted LM (a FAKE model server) writing both the ReAct steps and the child RLM's code.
+
+`rlm_query` and `delegate_to_rlm` each run a real child run (the engine, code in the session's
+sandbox), whose answer comes back into ReAct's trajectory; `load_document` reads a file that
+code wrote in the session's sandbox.
+"""
+
+import json
+from typing import Any
+
+import pytest
+
+from fleet_events.run import (
+    ChildRunCompleted,
+    ChildRunRequested,
+    RunCompleted,
+    RunStarted,
+    ToolCalled,
+    ToolReturned,
+)
+from fleet_events.session import DocumentLoaded, TurnCompleted
+from fleet_harness.scripted_lm import ScriptedLM
+from fleet_mesh.blobs import JetStreamBlobs
+
+from .rlm_kit import Processes, Session, fields, of_type, processes, session, step
+
+__all__ = ["processes"]
+
+pytestmark = pytest.mark.slow
+
+AGENT_ENV = {
+    "FLEET_AGENT_RUNNER": "chat",
+    "FLEET_AGENT_TURN_SLOTS": "2",
+    "FLEET_ENGINE_MAX_ITERS": "4",
+    "FLEET_ENGINE_MAX_LLM_CALLS": "6",
+}
+
+
+def act(tool: str, args: dict[str, Any] | None = None) -> str:
+    return fields(next_thought="next", next_tool_name=tool, next_tool_args=json.dumps(args or {}))
+
+
+def extract(answer: str) -> str:
+    return fields(reasoning="from the trajectory", answer=answer)
+
+
+async def child_of(s: Session, events: list[Any], tool: str) -> tuple[Any, Any, list[Any]]:
+    """The tool's call, its one child run's request, and the child run's own events."""
+    (called,) = [c for c in of_type(events, ToolCalled) if c.tool == tool]
+    (asked,) = of_type(events, ChildRunRequested)
+    assert asked.call_id == called.call_id
+    return called, asked, await s.events_of(asked.child_run)
+
+
+async def test_rlm_query_runs_a_child_whose_answer_reaches_the_trajectory(
+    processes: Processes,
+) -> None:
+    script = [
+        act("rlm_query", {"query": "add the numbers", "context": "0 1 2 3 4"}),
+        step("SUBMIT(answer='heron-' + str(sum(int(n) for n in context.split())))"),
+        act("finish"),
+        extract("the sum is heron-10"),
+    ]
+    with ScriptedLM(script) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            turn = await s.ask("Use code to add the numbers 0 1 2 3 4")
+            ended = await s.ended(turn)
+            events = await s.run_events(turn)
+            _, asked, child = await child_of(s, events, "rlm_query")
+            child_head = await s.head_of(asked.child_run)
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer == "the sum is heron-10"
+    assert (asked.task, asked.depth) == ("add the numbers", 1)
+    assert isinstance(child[0], RunStarted)
+    assert (child[0].kind, child[0].depth) == ("rlm", 1)
+    assert isinstance(child[-1], RunCompleted)
+    assert child[-1].answer == "heron-10"
+    (done,) = of_type(events, ChildRunCompleted)
+    assert (done.answer, done.child_head_hash) == ("heron-10", child_head)
+    (returned,) = [r for r in of_type(events, ToolReturned) if r.tool == "rlm_query"]
+    assert (returned.result, returned.error) == ("heron-10", "")
+    # the step after the tool read the child's answer as its observation
+    assert "heron-10" not in fake.requests[0].prompt_text
+    assert "heron-10" in fake.requests[2].prompt_text
+
+
+async def test_delegate_to_rlm_over_a_loaded_document(processes: Processes) -> None:
+    text = "alpha\nbeta\ngamma\n"
+    async with session(processes) as s:
+        blobs = await JetStreamBlobs.open(s.nc.jetstream())
+        ref = await blobs.put(s.tenant, text.encode())
+        script = [
+            act("load_document", {"source": f"upload:{ref.sha256}", "alias": "notes"}),
+            act("delegate_to_rlm", {"query": "count the lines", "document_alias": "notes"}),
+            step("SUBMIT(answer='lines=' + str(len(context.splitlines())))"),
+            act("finish"),
+            extract("it has lines=3"),
+        ]
+        with ScriptedLM(script) as fake:
+            await s.use_model(fake)
+            turn = await s.ask("Delegate counting the uploaded document's lines")
+            ended = await s.ended(turn)
+            events = await s.run_events(turn)
+            _, asked, child = await child_of(s, events, "delegate_to_rlm")
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer == "it has lines=3"
+    assert asked.task == "count the lines"
+    assert isinstance(child[-1], RunCompleted)
+    assert child[-1].answer == "lines=3"
+    (returned,) = [r for r in of_type(events, ToolReturned) if r.tool == "delegate_to_rlm"]
+    assert returned.result == {
+        "status": "completed",
+        "answer": "lines=3",
+        "degraded": False,
+        "reason": "",
+    }
+    assert "lines=3" not in fake.requests[1].prompt_text
+    assert "lines=3" in fake.requests[3].prompt_text
+
+
+async def test_a_document_written_in_the_sandbox_is_loaded_by_path_and_sliced(
+    processes: Processes,
+) -> None:
+    text = "first line\nthe word is heron\nlast line\n"
+    code = (
+        "import os\nos.makedirs('data', exist_ok=True)\n"
+        f"open('data/notes.txt', 'w').write({text!r})"
+    )
+    script = [
+        act("execute_code", {"code": code}),
+        act("load_document", {"source": "data/missing.txt"}),
+        act("load_document", {"source": "data/notes.txt"}),
+        act("read_file_slice", {"start_line": 2, "num_lines": 1}),
+        act("finish"),
+        extract("heron"),
+    ]
+    with ScriptedLM(script) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            turn = await s.ask("Write a file in the sandbox, load it as a document, read line 2")
+            ended = await s.ended(turn)
+            events = await s.run_events(turn)
+            log = await s.log()
+            (loaded,) = of_type(log, DocumentLoaded)
+            blobs = await JetStreamBlobs.open(s.nc.jetstream())
+            stored = await blobs.get(s.tenant, loaded.document.blob.sha256)
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer == "heron"
+    returned = of_type(events, ToolReturned)
+    assert [r.tool for r in returned] == [
+        "execute_code", "load_document", "load_document", "read_file_slice",
+    ]  # fmt: skip
+    ran, missing, found, sliced = returned
+    assert ran.error == ""
+    assert "'data/missing.txt'" in missing.error
+    assert "no file" in missing.error
+    assert "list_files" in missing.error  # what to do about it
+    assert found.error == ""
+    doc = loaded.document
+    assert (doc.alias, doc.source, doc.origin) == ("notes.txt", "sandbox_path", "data/notes.txt")
+    assert (doc.chars, doc.media_type) == (len(text), "text/plain")
+    assert stored == text.encode()
+    assert sliced.result == "2: the word is heron\n[lines 2-2 of 3]"

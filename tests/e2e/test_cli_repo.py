@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from fleet_cli.commands.common import gateway
 from fleet_harness.scripted_lm import Reply, ScriptedLM, ScriptedRequest
 from fleet_harness.waits import eventually
 from fleet_mesh.natsserver import free_port
@@ -112,6 +113,11 @@ async def test_run_with_a_repo_reads_the_checkout_at_the_ref(
         assert [(a["interpreter"]["repo_url"], a["interpreter"]["ref"], a["reason"])
                 for a in attached] == [(served_repo, "v1", "created"),
                                        (served_repo, "main", "repo")]  # fmt: skip
+        old, new = (a["interpreter"]["sandbox"] for a in attached)
+        async with gateway(mesh.data_dir) as gw:
+            replies = [await gw.answer("GET", f"/api/v1/sandboxes/{box}") for box in (old, new)]
+        seen = [(r.status_code, r.json().get("status") or r.json().get("code")) for r in replies]
+        assert seen == [(404, "sandbox_not_found"), (200, "running")]  # the old one is gone
 
         before = len(json.loads(fleet(mesh, "sessions", "ls", "--json").stdout))
         for argv in (

@@ -221,7 +221,23 @@ async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: st
         reason = "repo" if known is not None and known.sandbox else "created"
     replaces = known.sandbox or "" if known else ""
     await _attach(mesh, tenant, session, turn, info, replaces, reason)
+    if reason == "repo":  # the old checkout is no longer the session's: not left running
+        await _retire(nc, tenant, replaces)
     return info.sandbox
+
+
+async def _retire(nc: Any, tenant: str, sandbox: str) -> None:
+    """Delete the session's former sandbox (its turn named another repository or ref); a
+    failure is logged, never the turn's: the broker's idle reaper ends it later."""
+    gone = sb.DeleteSandbox(
+        request_id=new_id(), tenant=tenant, sandbox=sandbox,
+        reason="the session's turn names another repository or ref",
+    )  # fmt: skip
+    try:
+        await rpc.call_verb(nc, bus.DELETE_SANDBOX, gone, timeout=30, target=sandbox)
+    except Exception as exc:  # the new sandbox is attached: nothing here may fail the turn
+        log.warning("the session's former sandbox was not deleted",
+                    extra={"sandbox": sandbox, "error": str(exc)})  # fmt: skip
 
 
 async def _fold_and_repo(

@@ -228,7 +228,7 @@ async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: st
 
 async def _retire(nc: Any, tenant: str, sandbox: str) -> None:
     """Delete the session's former sandbox (its turn named another repository or ref); a
-    failure is logged, never the turn's: the broker's idle reaper ends it later."""
+    failure is logged, never the turn's (the sandbox then runs on until deleted by hand)."""
     gone = sb.DeleteSandbox(
         request_id=new_id(), tenant=tenant, sandbox=sandbox,
         reason="the session's turn names another repository or ref",

@@ -1,7 +1,8 @@
 """A turn that names a git repository (`repo_url` / `repo_ref`), on the WebSocket `message`
 frame and on `POST /api/v1/sessions/{id}/turns`, against a real nats-server and uvicorn: a
 hostile URL or ref is refused naming the value and the rule (a password never echoed) and
-stores nothing; a good one is stored in `TurnRequested` as sent."""
+stores nothing; a good one is stored in `TurnRequested` as sent. The POST route takes
+`document_ids` (loaded ones only) and `context_paths` as the frame does."""
 
 import asyncio
 import json
@@ -101,7 +102,16 @@ async def test_post_turns_takes_repo_documents_and_paths_and_refuses_hostile_rep
             f"/api/v1/sessions/{session}/turns", json={"message": "hi", "context_paths": ["../x"]}
         )
         assert (bad_path.status_code, bad_path.json()["code"]) == (422, "invalid_context_path")
+        unloaded = await client.post(
+            f"/api/v1/sessions/{session}/turns", json={"message": "hi", "document_ids": ["notes"]}
+        )
+        assert (unloaded.status_code, unloaded.json()["code"]) == (422, "document_not_found")
         assert await _requests(js, tenant, session) == []
+        uploaded = await client.post(
+            f"/api/v1/sessions/{session}/documents",
+            files={"file": ("notes.txt", b"we ship on friday\n", "text/plain")},
+        )
+        assert uploaded.status_code == 201, uploaded.text
         asked = await client.post(f"/api/v1/sessions/{session}/turns", json={
             "message": "what changed?", "mode": "rlm_only", "repo_url": GOOD,
             "repo_ref": "0123abc", "document_ids": ["notes"], "context_paths": ["README.md"],

@@ -4,7 +4,9 @@ scripted LM (a FAKE model server) writing both the ReAct steps and the child RLM
 
 `rlm_query` and `delegate_to_rlm` each run a real child run (the engine, code in the session's
 sandbox), whose answer comes back into ReAct's trajectory; `load_document` reads a file that
-code wrote in the session's sandbox.
+code wrote in the session's sandbox; each long-context module (`SummarizeLongDocument` ...
+`CoreMemoryUpdateProposal`) runs on the real engine with its own signature, the inputs and
+outputs named as the earlier system named them.
 """
 
 import json
@@ -164,3 +166,137 @@ async def test_a_document_written_in_the_sandbox_is_loaded_by_path_and_sliced(
     assert (doc.chars, doc.media_type) == (len(text), "text/plain")
     assert stored == text.encode()
     assert sliced.result == "2: the word is heron\n[lines 2-2 of 3]"
+
+
+LOGS = "error at 10:01\nok\nerror at 10:02\n"
+LONG_CONTEXT_CASES = [
+    # tool, its args, the module, its inputs and outputs as the earlier system named them
+    # (fleet-rlm-behaviour.md section 2), the child's code, the outputs that code gives
+    pytest.param(
+        "summarize_long_document", {"focus": "errors"},
+        "SummarizeLongDocument", ["document", "focus"],
+        "SUBMIT(summary=f'{len(document.splitlines())} lines on {focus}', "
+        "key_points=['two errors'], coverage_pct=100)",
+        {"summary": "3 lines on errors", "key_points": ["two errors"], "coverage_pct": 100},
+        id="SummarizeLongDocument",
+    ),
+    pytest.param(
+        "extract_from_logs", {"query": "error"},
+        "ExtractFromLogs", ["logs", "query"],
+        "SUBMIT(matches=[l for l in logs.splitlines() if query in l], "
+        "patterns=['error at HH:MM'], time_range='10:01-10:02')",
+        {
+            "matches": ["error at 10:01", "error at 10:02"], "patterns": ["error at HH:MM"],
+            "time_range": "10:01-10:02",
+        },
+        id="ExtractFromLogs",
+    ),
+    pytest.param(
+        "grounded_answer", {"query": "when did it fail?"},
+        "GroundedAnswerWithCitations", ["query", "evidence_chunks", "response_style"],
+        "SUBMIT(answer=evidence_chunks[0].splitlines()[0], citations=['chunk 0'], "
+        "confidence='high', coverage_notes=f'{len(evidence_chunks)} chunk, {response_style}')",
+        {
+            "answer": "error at 10:01", "citations": ["chunk 0"], "confidence": "high",
+            "coverage_notes": "1 chunk, concise",
+        },
+        id="GroundedAnswerWithCitations",
+    ),
+    pytest.param(
+        "triage_incident_logs", {"query": "what broke?", "service_context": "api gateway"},
+        "IncidentTriageFromLogs", ["logs", "service_context", "query"],
+        "SUBMIT(severity='high', probable_root_causes=[service_context + ' errors'], "
+        "impacted_components=['api'], recommended_actions=['restart'], "
+        "time_range=logs.splitlines()[0][-5:] + '-' + logs.splitlines()[-1][-5:])",
+        {
+            "severity": "high", "probable_root_causes": ["api gateway errors"],
+            "impacted_components": ["api"], "recommended_actions": ["restart"],
+            "time_range": "10:01-10:02",
+        },
+        id="IncidentTriageFromLogs",
+    ),
+    pytest.param(
+        "plan_code_change",
+        {"task": "add retries", "repo_context": "client.py", "constraints": "no new deps"},
+        "CodeChangePlan", ["task", "repo_context", "constraints"],
+        "SUBMIT(plan_steps=[task + ' in ' + repo_context], files_to_touch=[repo_context], "
+        "validation_commands=['pytest'], risks=[constraints])",
+        {
+            "plan_steps": ["add retries in client.py"], "files_to_touch": ["client.py"],
+            "validation_commands": ["pytest"], "risks": ["no new deps"],
+        },
+        id="CodeChangePlan",
+    ),
+    pytest.param(
+        "propose_core_memory_update", {},
+        "CoreMemoryUpdateProposal", ["turn_history", "current_memory"],
+        "SUBMIT(keep=sorted(current_memory), update=[], remove=[], "
+        "rationale=f'{len(turn_history)} earlier turns')",
+        {
+            "keep": ["human", "persona", "scratchpad"], "update": [], "remove": [],
+            "rationale": "0 earlier turns",
+        },
+        id="CoreMemoryUpdateProposal",
+    ),
+]  # fmt: skip
+
+
+SEEN = {
+    "SummarizeLongDocument": "3 lines on errors",
+    "ExtractFromLogs": "HH:MM",
+    "GroundedAnswerWithCitations": "1 chunk, concise",
+    "IncidentTriageFromLogs": "api gateway errors",
+    "CodeChangePlan": "add retries in client.py",
+    "CoreMemoryUpdateProposal": "0 earlier turns",
+}
+"""An output value of each case's child that nothing before the tool's answer contains."""
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "module", "inputs", "code", "outputs"), LONG_CONTEXT_CASES
+)
+async def test_a_long_context_module_runs_on_the_engine_with_its_own_signature(
+    processes: Processes,
+    tool: str,
+    args: dict[str, Any],
+    module: str,
+    inputs: list[str],
+    code: str,
+    outputs: dict[str, Any],
+) -> None:
+    async with session(processes) as s:
+        blobs = await JetStreamBlobs.open(s.nc.jetstream())
+        ref = await blobs.put(s.tenant, LOGS.encode())
+        script = [
+            act("load_document", {"source": f"upload:{ref.sha256}", "alias": "app.log"}),
+            act(tool, args),
+            step(code),
+            act("finish"),
+            extract("analysed"),
+        ]
+        with ScriptedLM(script) as fake:
+            await s.use_model(fake)
+            turn = await s.ask("Analyse the uploaded log document")
+            ended = await s.ended(turn)
+            events = await s.run_events(turn)
+            _, asked, child = await child_of(s, events, tool)
+    assert isinstance(ended, TurnCompleted), ended
+    assert asked.task == module
+    started = child[0]
+    assert isinstance(started, RunStarted)
+    assert started.kind == "rlm"
+    assert list(started.inputs) == inputs
+    given, produced = started.signature.split("->")
+    assert names(given) == inputs
+    assert names(produced) == list(outputs)
+    assert isinstance(child[-1], RunCompleted), child[-1]
+    (returned,) = [r for r in of_type(events, ToolReturned) if r.tool == tool]
+    assert returned.error == ""
+    assert returned.result == outputs
+    # ReAct's step after the tool read the outputs as its observation
+    assert SEEN[module] not in fake.requests[1].prompt_text
+    assert SEEN[module] in fake.requests[3].prompt_text
+
+
+def names(fields: str) -> list[str]:
+    return [part.split(":")[0].strip() for part in fields.split(",")]

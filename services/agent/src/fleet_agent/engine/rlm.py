@@ -101,6 +101,11 @@ SANDBOX_LOST = (
     "continued; ask again"
 )
 
+HOST_TOOL_MARGIN_S = 30.0
+"""How much longer than the tree's deadline the broker relays a host tool call: a `sub_rlm`
+that meets the deadline reaps its child and records why, and the code must get that answer
+("no answer before the tree's deadline"), not the relay's own bare timeout."""
+
 CHILD_SETTLE_S = 90.0
 """How long a run's end waits for sub_rlm calls its interrupted cells left running (a child
 records its own end within the cancel grace, and the call then records the parent's side)."""
@@ -202,7 +207,8 @@ class RecordingInterpreter(RemoteInterpreter):
         self._reply = None
         self._cell_done = threading.Event()
         if self._hooks.ctx.deadline is not None:  # host tools wait on children up to it
-            self.callback_timeout_s = max(1.0, self._hooks.ctx.deadline - time.time())
+            left = max(1.0, self._hooks.ctx.deadline - time.time())
+            self.callback_timeout_s = left + HOST_TOOL_MARGIN_S
         release = self._hooks.ctx.cancel.on_set(self._interrupt)
         if self._hooks.ctx.cancel.is_set:  # set before the cell began: it never runs
             release()

@@ -21,12 +21,31 @@ PROMPT = "you> "
 LEAVE = 130  # the shell's status for a process ended by SIGINT
 
 
+class _Cursor:
+    """Whether streamed answer tokens left the terminal's cursor mid-line: the next event line
+    (stderr, the same terminal) and the turn's answer then start on a line of their own."""
+
+    mid_line = False
+
+    @classmethod
+    def end_line(cls) -> None:
+        if cls.mid_line:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            cls.mid_line = False
+
+
 def _show(frame: dict[str, Any]) -> None:
     kind = frame.get("type")
     if kind == "delta":
-        sys.stdout.write(str(frame.get("text", "")))
+        text = str(frame.get("text", ""))
+        sys.stdout.write(text)
         sys.stdout.flush()
-    elif kind == "event":
+        if text:
+            _Cursor.mid_line = not text.endswith("\n")
+        return
+    _Cursor.end_line()
+    if kind == "event":
         err.print(f"[dim]{escape(describe(frame))}[/]", soft_wrap=True)
     elif kind == "dropped":
         err.print(f"[yellow]· socket dropped; resuming after seq {frame.get('after_seq')}[/]")
@@ -83,6 +102,7 @@ def chat_command(
         if not message.strip():
             continue
         result = call(_turn(data_dir, message, mode, sid))
+        _Cursor.end_line()
         if result is None:
             raise typer.Exit(LEAVE)
         if result.status == "completed":

@@ -379,12 +379,24 @@ class _Step:
 
     def __call__(self, **kwargs: Any) -> Any:
         self.chat.boundary()
+        if self.plans:
+            self.chat.check_growth(str(kwargs.get("trajectory", "")))
         prediction = self.predict(**kwargs)
         if self.plans:
             self.chat.planned(
                 str(prediction.next_thought or ""), str(prediction.next_tool_name or "")
             )
         return prediction
+
+
+class EscalateToRlm(Exception):
+    """ReAct's context outgrew the threshold: unwind ReAct (dspy passes on anything but a
+    ValueError or a context-window error) and go on in the RLM with its trajectory."""
+
+    def __init__(self, move: Escalated, trajectory: str) -> None:
+        super().__init__(move.detail)
+        self.move = move
+        self.trajectory = trajectory
 
 
 class TurnRun:
@@ -404,6 +416,8 @@ class TurnRun:
         self.iterations = 0
         self.last_thought = ""
         self._sandbox = ""
+        self.may_escalate = True
+        """False once a module fell back: the turn does not climb again."""
         image = state.image
         self.state = TurnState(
             memory=image.core_memory,
@@ -460,6 +474,18 @@ class TurnRun:
         )  # fmt: skip
         self.iterations += 1
 
+    def check_growth(self, trajectory: str) -> None:
+        """Before a ReAct step: raise `EscalateToRlm` when the context has outgrown the
+        threshold (`escalation.during_react`)."""
+        if not trajectory or not self.may_escalate:
+            return
+        chars = escalation.context_chars(self.message, self.state.history, self.memory_text)
+        move = escalation.during_react(
+            self.mode, chars + len(trajectory), self.runner._options.context_threshold
+        )
+        if move is not None:
+            raise EscalateToRlm(move, trajectory)
+
     def next_grant_id(self) -> str:
         """The run's next grant id (`<run>-g<n>`, the form the recorder reads positions
         from), continuing a resumed run's numbering: a reused id would be answered with the
@@ -511,9 +537,11 @@ class TurnRun:
         )
         return str(prediction.answer or "")
 
-    def rlm(self) -> str:
+    def rlm(self, trajectory: str = "") -> str:
         self.boundary()
         context = {"history": self.state.history, "core_memory": self.memory_text}
+        if trajectory:  # escalated from ReAct: what its tools found so far
+            context["trajectory"] = trajectory
         task = RlmTask(
             inputs={"task": self.message, "context": context}, signature=RLM_TURN,
             max_iters=self.runner._rlm_task.max_iters,
@@ -545,6 +573,7 @@ class TurnRun:
             ))  # fmt: skip
             with dspy.context(lm=self.lm(), adapter=adapter):
                 answer, module = self._modules()
+            self.boundary()  # a cancel that came during the last model call still cancels
             head = self.recorder.record(
                 RunCompleted(
                     answer=answer, outputs={"module": module}, iterations=self.iterations,
@@ -581,11 +610,16 @@ class TurnRun:
                 error=self.resume.error,
             )
         )  # fmt: skip
+        module = "react"
         with dspy.context(lm=self.lm(), adapter=adapter):
-            answer = self.react(start=self.resume.point.trajectory)
+            try:
+                answer = self.react(start=self.resume.point.trajectory)
+            except EscalateToRlm as up:
+                self.recorder.record(up.move)
+                answer, module = self.rlm(up.trajectory), "rlm"
         head = self.recorder.record(
             RunCompleted(
-                answer=answer, outputs={"module": "react"}, iterations=self.iterations,
+                answer=answer, outputs={"module": module}, iterations=self.iterations,
                 llm_calls=self.recorder.llm_calls,
             )
         )  # fmt: skip
@@ -599,6 +633,7 @@ class TurnRun:
         )
         module = "cot"
         fell_back = False
+        trajectory = ""
         while True:
             if move is not None:
                 self.recorder.record(move)
@@ -612,7 +647,10 @@ class TurnRun:
                     continue
                 if module == "react":
                     return self.react(), "react"
-                return self.rlm(), "rlm"
+                return self.rlm(trajectory), "rlm"
+            except EscalateToRlm as up:
+                move, trajectory = up.move, up.trajectory
+                continue
             except (RunCancelledError, RunFenced):
                 raise
             except Exception as exc:
@@ -634,6 +672,7 @@ class TurnRun:
                 )
                 module = lower
                 fell_back = True
+                self.may_escalate = False
 
 
 class RlmRouteFailed(RuntimeError):

@@ -16,14 +16,17 @@ import pytest
 
 from fleet_events.run import (
     ChildRunCompleted,
+    ChildRunFailed,
     ChildRunRequested,
+    Escalated,
+    FellBack,
     RunCompleted,
     RunStarted,
     ToolCalled,
     ToolReturned,
 )
 from fleet_events.session import DocumentLoaded, TurnCompleted
-from fleet_harness.scripted_lm import ScriptedLM
+from fleet_harness.scripted_lm import Reply, ScriptedLM
 from fleet_mesh.blobs import JetStreamBlobs
 
 from .rlm_kit import Processes, Session, fields, of_type, processes, session, step
@@ -32,11 +35,15 @@ __all__ = ["processes"]
 
 pytestmark = pytest.mark.slow
 
+THRESHOLD = 6_000
+"""Low enough that one long tool result takes ReAct's context over it."""
+
 AGENT_ENV = {
     "FLEET_AGENT_RUNNER": "chat",
     "FLEET_AGENT_TURN_SLOTS": "2",
     "FLEET_ENGINE_MAX_ITERS": "4",
     "FLEET_ENGINE_MAX_LLM_CALLS": "6",
+    "FLEET_CHAT_CONTEXT_THRESHOLD": str(THRESHOLD),
 }
 
 
@@ -300,3 +307,75 @@ async def test_a_long_context_module_runs_on_the_engine_with_its_own_signature(
 
 def names(fields: str) -> list[str]:
     return [part.split(":")[0].strip() for part in fields.split(",")]
+
+
+async def test_a_react_step_whose_context_outgrows_the_threshold_escalates_to_the_rlm(
+    processes: Processes,
+) -> None:
+    text = "".join(f"line-{n:03d} " + "x" * 50 + "\n" for n in range(1, 121))
+    async with session(processes) as s:
+        blobs = await JetStreamBlobs.open(s.nc.jetstream())
+        ref = await blobs.put(s.tenant, text.encode())
+        script = [
+            act("load_document", {"source": f"upload:{ref.sha256}", "alias": "big"}),
+            act("read_file_slice", {"start_line": 1, "num_lines": 120}),
+            # the child RLM: the trajectory so far is in its context, nothing is lost
+            step(
+                "t = context['trajectory']\n"
+                "SUBMIT(answer=f\"{t.count('line-')} lines, ended {'[lines 1-120 of 120]' in t}\")"
+            ),
+        ]
+        with ScriptedLM(script) as fake:
+            await s.use_model(fake)
+            turn = await s.ask("Read the uploaded document and count its lines")
+            ended = await s.ended(turn)
+            events = await s.run_events(turn)
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer == "120 lines, ended True"
+    opening, up = of_type(events, Escalated)
+    assert (opening.to_module, opening.rule) == ("react", "tools_needed")
+    assert (up.from_module, up.to_module, up.rule) == ("react", "rlm", "context_over_threshold")
+    assert f"over the threshold of {THRESHOLD}" in up.detail
+    assert "ReAct" in up.detail
+    assert len(fake.requests) == 3  # no ReAct step was asked with the outgrown context
+    (done,) = of_type(events, ChildRunCompleted)
+    assert done.answer == "120 lines, ended True"
+    assert isinstance(events[-1], RunCompleted)
+    assert events[-1].outputs == {"module": "rlm"}
+
+
+async def test_after_the_escalated_rlm_fails_react_goes_on_without_climbing_again(
+    processes: Processes,
+) -> None:
+    text = "".join(f"line-{n:03d} " + "x" * 50 + "\n" for n in range(1, 121))
+    async with session(processes) as s:
+        blobs = await JetStreamBlobs.open(s.nc.jetstream())
+        ref = await blobs.put(s.tenant, text.encode())
+        grow = [
+            act("load_document", {"source": f"upload:{ref.sha256}", "alias": "big"}),
+            act("read_file_slice", {"start_line": 1, "num_lines": 120}),
+        ]
+        script: list[Reply | str] = [
+            *grow,
+            Reply("the model server broke", status=500),  # the child RLM's step
+            *grow,  # ReAct again, past the threshold again: it does not climb twice
+            act("finish"),
+            extract("answered by ReAct"),
+        ]
+        with ScriptedLM(script) as fake:
+            await s.use_model(fake)
+            turn = await s.ask("Read the uploaded document and count its lines")
+            ended = await s.ended(turn)
+            events = await s.run_events(turn)
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer == "answered by ReAct"
+    assert [(e.from_module, e.to_module) for e in of_type(events, Escalated)] == [
+        ("cot", "react"),
+        ("react", "rlm"),
+    ]
+    assert len(of_type(events, ChildRunFailed)) == 1
+    (down,) = of_type(events, FellBack)
+    assert (down.from_module, down.to_module, down.reason) == ("rlm", "react", "rlm_failed")
+    assert len(fake.requests) == len(script)
+    assert isinstance(events[-1], RunCompleted)
+    assert events[-1].outputs == {"module": "react"}

@@ -11,6 +11,10 @@ The rule, in order (the first that fires decides; each move is a `run.escalated`
    logs, the sandbox): to ReAct without paying for a ChainOfThought first (`tools_needed`).
 4. otherwise ChainOfThought answers; if it says it needs tools (its `needs_tools` output, or
    `[TOOLS NEEDED]` in its reasoning), to ReAct (`tools_needed`).
+5. before each ReAct step: when the turn's context plus ReAct's trajectory so far (what its
+   tools answered) is over the threshold and the mode allows the RLM, the turn goes on in
+   the RLM with that trajectory in its context (`context_over_threshold`), rather than
+   sending a prompt that size. Not after a fallback (the RLM already failed this turn).
 
 A module whose step fails hands the turn down one module (`run.fell_back`): the RLM to ReAct
 (to ChainOfThought under `rlm_only`, where ReAct would have only the RLM's own tools), ReAct
@@ -83,6 +87,21 @@ def after_cot(needs_tools: bool, reasoning: str) -> Escalated | None:
     else:
         return None
     return Escalated(from_module="cot", to_module="react", rule="tools_needed", detail=detail)
+
+
+def during_react(mode: str, chars: int, threshold: int) -> Escalated | None:
+    """Before a ReAct step whose context (turn + trajectory) is `chars` long: on to the RLM?"""
+    if mode == "tools_only" or chars <= threshold:
+        return None
+    return Escalated(
+        from_module="react",
+        to_module="rlm",
+        rule="context_over_threshold",
+        detail=(
+            f"ReAct's trajectory brought the context to {chars} characters, over the "
+            f"threshold of {threshold}"
+        ),
+    )
 
 
 def fallback_from(module: str, mode: str) -> str | None:

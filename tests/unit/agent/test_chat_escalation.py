@@ -8,6 +8,7 @@ from fleet_agent.chat.escalation import (
     after_cot,
     check_mode,
     context_chars,
+    during_react,
     fallback_from,
     opening,
 )
@@ -78,3 +79,14 @@ def test_an_unknown_mode_is_named_with_the_modes_there_are() -> None:
         check_mode("turbo")
     assert "'turbo'" in str(refused.value)
     assert "auto, rlm_only, tools_only" in str(refused.value)
+
+
+def test_react_climbs_to_the_rlm_only_past_the_threshold_and_not_under_tools_only() -> None:
+    assert during_react("auto", 1_000, 1_000) is None
+    up = during_react("auto", 1_001, 1_000)
+    assert up is not None
+    assert (up.from_module, up.to_module, up.rule) == ("react", "rlm", "context_over_threshold")
+    assert up.detail == (
+        "ReAct's trajectory brought the context to 1001 characters, over the threshold of 1000"
+    )
+    assert during_react("tools_only", 10**6, 1_000) is None

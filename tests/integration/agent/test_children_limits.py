@@ -70,8 +70,7 @@ class Arrivals:
     released; `peak` is the most that were held in a model call at once, counted as each
     one arrives."""
 
-    def __init__(self, fake: ScriptedLM) -> None:
-        self.fake = fake
+    def __init__(self) -> None:
         self.arrived: list[str] = []
         self.released: list[str] = []
         self.peak = 0
@@ -82,16 +81,16 @@ class Arrivals:
             self.arrived.append(name)
             self.peak = max(self.peak, len(self.arrived) - len(self.released))
 
-    def release_latest(self) -> str:
+    def release_latest(self, fake: ScriptedLM) -> str:
         """Release the latest held arrival (so the siblings end in another order than asked)."""
         with self._lock:
             name = next(n for n in reversed(self.arrived) if n not in self.released)
             self.released.append(name)
-        self.fake.gate(f"child-{name}").release()
+        fake.gate(f"child-{name}").release()
         return name
 
 
-def siblings_script(arrivals: list[Arrivals]) -> Callable[[ScriptedRequest], Reply]:
+def siblings_script(arrivals: Arrivals) -> Callable[[ScriptedRequest], Reply]:
     def answer(request: ScriptedRequest) -> Reply:
         text = request.prompt_text
         if "ROOT" in text:
@@ -100,7 +99,7 @@ def siblings_script(arrivals: list[Arrivals]) -> Callable[[ScriptedRequest], Rep
             return Reply(step(FAN + "\nprint(answers)"), key="root-1")
         found = re.search(r"sibling task (n\d)", text)
         assert found, "a request from neither the root nor a sibling"
-        arrivals[0].arrive(found.group(1))
+        arrivals.arrive(found.group(1))
         return Reply(step("SUBMIT(answer=task.split()[-1])"), key=f"child-{found.group(1)}")
 
     return answer
@@ -122,10 +121,8 @@ async def test_a_batched_call_of_six_runs_at_most_four_siblings_at_once(
     processes: Processes,
 ) -> None:
     assert children.MAX_SIBLINGS == 4
-    box: list[Arrivals] = []
-    with ScriptedLM(siblings_script(box)) as fake:
-        arrivals = Arrivals(fake)
-        box.append(arrivals)
+    arrivals = Arrivals()
+    with ScriptedLM(siblings_script(arrivals)) as fake:
         for name in NAMES:
             fake.gate(f"child-{name}")
         async with session(processes) as s:
@@ -143,7 +140,7 @@ async def test_a_batched_call_of_six_runs_at_most_four_siblings_at_once(
                     return len(arrivals.arrived) >= want
 
                 await eventually(reached, timeout=60, what=f"{want} siblings at the model")
-                arrivals.release_latest()
+                arrivals.release_latest(fake)
             ended = await s.ended(turn, timeout=60)
             events = await s.run_events(turn)
     assert isinstance(ended, TurnCompleted), [e for e in events if not isinstance(e, LlmCalled)]

@@ -537,8 +537,24 @@ class Runner:
         """After this no interrupt is raised in the thread, and none is left pending."""
         with execution.guard:
             execution.in_user_code = False
-            if execution.raised and execution.thread is not None:
-                set_async_exc(execution.thread, None)
+            if not execution.raised or execution.thread is None:
+                return
+            execution.raised = False
+            thread = ctypes.c_ulong(execution.thread)
+            SET_ASYNC_EXC(thread, None)
+        # Clearing leaves CPython's "async exception pending" signal set (3.11 signals the
+        # interpreter on every PyThreadState_SetAsyncExc, NULL included, and unsignals only
+        # when a thread takes a real one), and with a trace function installed every Python
+        # call then spins in its RESUME for ever: the next SUBMIT (it sets one) never
+        # answered. So this thread takes one of its own here, which unsignals. Only C calls
+        # until then (a Python call would spin if a tracer is still set).
+        try:
+            SET_ASYNC_EXC(thread, ctypes.py_object(CellInterrupted))
+            for _ in range(1_000_000):  # lands at the first backward jump (or sooner)
+                pass
+        except CellInterrupted:
+            return
+        SET_ASYNC_EXC(thread, None)  # it never landed: at least none is left pending
 
     def claim_answer(self, execution: Execution) -> bool:
         """Exactly one answer per execution: the first caller sends it, and frees its context."""
@@ -862,11 +878,14 @@ class Runner:
                     self.handle(msg)
 
 
+SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
+
+
 def set_async_exc(thread: int, exc: type[BaseException] | None) -> None:
     """Raise `exc` in `thread` at its next bytecode (None: clear one pending)."""
     # None is passed as NULL (clear); py_object(None) would be Py_None, a bogus exception
     arg = None if exc is None else ctypes.py_object(exc)
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), arg)
+    SET_ASYNC_EXC(ctypes.c_ulong(thread), arg)
 
 
 def interruptible_sleep(runner: Runner) -> Any:

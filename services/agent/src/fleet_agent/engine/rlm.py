@@ -604,9 +604,13 @@ def _forward(
 
     def lm(role: str, kind: Any) -> Any:
         scope = CallScope(tenant=ctx.tenant, tree=ctx.tree, run=ctx.run, role=role, kind=kind)
+        # the root's own steps stream an answer field (dspy's extract step) to the session as
+        # `assistant_token` deltas; a child's answer is its parent's business, not the user's
+        streams = ctx.depth == 0 and kind == "step"
         budgeted = budgeted_lm(
-            mesh.bus, mesh.lm, scope, on_call=recorder.on_llm_call, grant_id=recorder.next_grant_id
-        )
+            mesh.bus, mesh.lm, scope, on_call=recorder.on_llm_call,
+            on_delta=recorder.live if streams else None, grant_id=recorder.next_grant_id,
+        )  # fmt: skip
         return journal_lm(budgeted, hooks.resume, recorder) if hooks.resume.active else budgeted
 
     # what cells print goes live while they run (`cell_output` deltas), not only at their end

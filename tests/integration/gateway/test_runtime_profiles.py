@@ -184,3 +184,82 @@ async def test_roles_bind_the_tenants_profiles_and_refuse_unknown_ones(
         "PATCH", "/api/v1/runtime/llm-roles", other, json={"roles": {"planner": "fast"}}
     )
     assert cross.status_code == 422, "another tenant's profile was bindable"
+
+
+async def test_seed_and_server_kind_are_stored_returned_and_patched(
+    api: Api, js: JetStreamContext
+) -> None:
+    tenant = tenant_id()
+    plain = await api.call("POST", BASE, tenant, json={"name": "plain", "model": "openai/m"})
+    assert plain.status_code == 201, plain.text
+    assert (plain.json()["seed"], plain.json()["server_kind"]) == (None, "generic")
+
+    created = await api.call("POST", BASE, tenant, json={
+        "name": "local", "model": "openai/qwen", "api_base": "http://127.0.0.1:8080/v1",
+        "seed": 1234, "server_kind": "llama.cpp",
+    })  # fmt: skip
+    assert created.status_code == 201, created.text
+    assert (created.json()["seed"], created.json()["server_kind"]) == (1234, "llama.cpp")
+    got = await api.call("GET", f"{BASE}/local", tenant)
+    assert (got.json()["seed"], got.json()["server_kind"]) == (1234, "llama.cpp"), got.text
+    listed = {p["name"]: p for p in (await api.call("GET", BASE, tenant)).json()["items"]}
+    assert (listed["local"]["seed"], listed["local"]["server_kind"]) == (1234, "llama.cpp")
+    config = await js.key_value(streams.CONFIG.bucket)
+    entry = await config.get(lm.profile_key("local", tenant))
+    stored = lm.decode_profile(entry.value or b"")
+    assert (stored.seed, stored.server_kind) == (1234, "llama.cpp")
+
+    kept = await api.call("PATCH", f"{BASE}/local", tenant, json={"temperature": 0.5})
+    assert (kept.json()["seed"], kept.json()["server_kind"]) == (1234, "llama.cpp"), kept.text
+    patched = await api.call(
+        "PATCH", f"{BASE}/local", tenant, json={"seed": None, "server_kind": "generic"}
+    )
+    assert patched.status_code == 200, patched.text
+    assert (patched.json()["seed"], patched.json()["server_kind"]) == (None, "generic")
+    again = await api.call("GET", f"{BASE}/local", tenant)
+    assert (again.json()["seed"], again.json()["server_kind"]) == (None, "generic")
+
+
+async def test_a_bad_seed_or_server_kind_is_refused_naming_it_and_stores_nothing(
+    api: Api, js: JetStreamContext
+) -> None:
+    tenant = tenant_id()
+    config = await js.key_value(streams.CONFIG.bucket)
+    secrets = await js.key_value(streams.SECRETS.bucket)
+    for extra, field, named in (
+        ({"server_kind": "vllm"}, "server_kind", "'llama.cpp'"),
+        ({"server_kind": None}, "server_kind", "'llama.cpp'"),
+        ({"seed": -1}, "seed", "-1"),
+        ({"seed": 2**31}, "seed", str(2**31)),
+        ({"seed": "abc"}, "seed", "'abc'"),
+        ({"seed": 1.5}, "seed", "1.5"),
+    ):
+        body = {"name": "bad", "model": "openai/m", "api_key": PLANTED, **extra}
+        response = await api.call("POST", BASE, tenant, json=body)
+        assert response.status_code == 422, (extra, response.text)
+        message = response.json()["message"]
+        assert repr(field) in message, (extra, message)
+        assert named in message, (extra, message)
+        assert PLANTED not in response.text
+        with pytest.raises(KeyNotFoundError):
+            await config.get(lm.profile_key("bad", tenant))
+        with pytest.raises(KeyNotFoundError):
+            await secrets.get(secret_key("llm-bad", tenant))
+    assert (await api.call("GET", BASE, tenant)).json()["items"] == []
+
+    created = await api.call(
+        "POST", BASE, tenant, json={"name": "ok", "model": "openai/m", "seed": 3}
+    )
+    assert created.status_code == 201, created.text
+    for extra, field in (
+        ({"server_kind": "vllm"}, "server_kind"),
+        ({"server_kind": None}, "server_kind"),
+        ({"seed": -5}, "seed"),
+    ):
+        refused = await api.call("PATCH", f"{BASE}/ok", tenant, json=extra)
+        assert refused.status_code == 422, (extra, refused.text)
+        assert repr(field) in refused.json()["message"], (extra, refused.text)
+        assert "llama.cpp" in refused.text or field == "seed", refused.text
+    after = await api.call("GET", f"{BASE}/ok", tenant)
+    assert after.json()["revision"] == created.json()["revision"], "a refused PATCH was stored"
+    assert (after.json()["seed"], after.json()["server_kind"]) == (3, "generic")

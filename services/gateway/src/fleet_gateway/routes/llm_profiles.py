@@ -6,7 +6,8 @@
   the body is sealed with the services' PUBLIC key (`FLEET_SECRETS_PUBLIC_KEY`, or derived from
   `FLEET_SECRETS_KEY`) under the secret name `llm-<profile>`; the profile holds that name only.
   The gateway can seal but never open, so nothing it returns can carry the key: a profile is
-  shown with `has_api_key`.
+  shown with `has_api_key`. `seed` and `server_kind` are taken and shown as stored (`prices`
+  are not settable here yet).
 - `PATCH /api/v1/runtime/llm-profiles/{name}`: change fields or rotate the key (a new sealed
   value under the same name, then the profile compare-and-set on its revision).
 - `DELETE /api/v1/runtime/llm-profiles/{name}`: the profile and its sealed key.
@@ -44,6 +45,10 @@ class ProfileIn(BaseModel):
     timeout_s: float = Field(default=60.0, gt=0, le=600)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    seed: int | None = Field(default=None, ge=0, le=lm.MAX_SEED)
+    """Sent with each request, for servers that sample reproducibly with one."""
+    server_kind: lm.ServerKind = "generic"
+    """`llama.cpp` for llama-cpp-python's server (token limit and output grammar sent its way)."""
 
 
 class ProfilePatch(BaseModel):
@@ -53,6 +58,10 @@ class ProfilePatch(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0, le=600)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    seed: int | None = Field(default=None, ge=0, le=lm.MAX_SEED)
+    """null clears it."""
+    server_kind: lm.ServerKind | None = None
+    """Leave it out to keep it; null is refused (a profile always has one)."""
 
 
 class Profile(BaseModel):
@@ -62,6 +71,8 @@ class Profile(BaseModel):
     timeout_s: float
     max_tokens: int | None
     temperature: float | None
+    seed: int | None
+    server_kind: lm.ServerKind
     has_api_key: bool
     revision: int
 
@@ -83,8 +94,8 @@ def _shown(stored: StoredProfile) -> Profile:
     p = stored.profile
     return Profile(
         name=p.name, model=p.model, api_base=p.api_base, timeout_s=p.timeout_s,
-        max_tokens=p.max_tokens, temperature=p.temperature, has_api_key=p.secret is not None,
-        revision=stored.revision,
+        max_tokens=p.max_tokens, temperature=p.temperature, seed=p.seed,
+        server_kind=p.server_kind, has_api_key=p.secret is not None, revision=stored.revision,
     )  # fmt: skip
 
 
@@ -190,7 +201,8 @@ async def create_profile(
         lm.check_profile_name(body.name)
         draft = lm.LlmProfile(
             name=body.name, model=body.model, api_base=body.api_base, timeout_s=body.timeout_s,
-            max_tokens=body.max_tokens, temperature=body.temperature,
+            max_tokens=body.max_tokens, temperature=body.temperature, seed=body.seed,
+            server_kind=body.server_kind,
         )  # fmt: skip
         lm.check_profile(draft)
     except lm.InvalidProfile as exc:

@@ -253,6 +253,32 @@ await scenario("upload-a-document", async () => {
     .waitFor({ timeout: T.ui });
 });
 
+await scenario("document-sent-with-a-turn", async () => {
+  await newSession("auto", "hello");
+  await turnEnds();
+  await page.getByLabel("Attach document").setInputFiles({
+    name: "minutes.txt",
+    mimeType: "text/plain",
+    buffer: Buffer.from("Minutes of Tuesday.\nthe launch code is ZEBRA-4417.\n"),
+  });
+  const pending = page.getByRole("list", { name: "Documents for the next message" });
+  await pending.getByText(/minutes/).waitFor({ timeout: T.ui });
+  await page.getByLabel("Message", { exact: true }).fill("What is the launch code?");
+  await page.getByRole("button", { name: "Send" }).click();
+  await page.waitForFunction(
+    () => {
+      const all = document.querySelectorAll("[data-testid=turn-status]");
+      return all.length === 2 && /done|failed|cancelled|refused/.test(all[1].textContent);
+    },
+    null,
+    { timeout: T.turn },
+  );
+  // the scripted LM answers with the code only when the document's text is in its prompt
+  const answer = (await page.locator("[data-turn] p").last().textContent())?.trim();
+  check(answer === "ZEBRA-4417, per the minutes", `the turn answered ${answer}`);
+  check((await pending.count()) === 0, "the sent document is still listed for the next message");
+});
+
 await scenario("restore-and-scrub", async () => {
   await page.getByRole("link", { name: "Sessions", exact: true }).click();
   // search by an id prefix: that session alone is listed
@@ -353,12 +379,15 @@ await scenario("settings-validation-and-daytona-test", async () => {
   await page.getByText("settings saved").waitFor({ timeout: T.ui });
   await row.getByText(/from tenant \(default 3\)/).waitFor({ timeout: T.ui });
   await page.getByRole("button", { name: "Test Daytona" }).click();
-  // no Daytona here: the probe says what to set, plainly (or the refusal does)
-  await page
-    .getByTestId("probe-daytona")
-    .or(page.getByRole("alert").filter({ hasText: /daytona/i }))
-    .first()
-    .waitFor({ timeout: T.turn });
+  // no Daytona here: the probe fails and its guidance says so plainly (an admin is told what
+  // to set, a tenant whom to ask)
+  const probe = page.getByTestId("probe-daytona");
+  await probe.getByText("daytona: failed").waitFor({ timeout: T.turn });
+  await probe
+    .getByText(
+      /Daytona is not configured on this (sandbox broker: set DAYTONA_API_KEY|deployment: ask an admin to set it up)/,
+    )
+    .waitFor({ timeout: T.ui });
   await row.getByRole("button", { name: "Use the default" }).click();
   await row.getByText(/from default/).waitFor({ timeout: T.ui });
 });
@@ -404,6 +433,12 @@ await scenario("usage-plot", async () => {
   await plot.getByRole("img", { name: /tokens per turn: turn 1 \d+/ }).waitFor({ timeout: T.ui });
   await plot.getByRole("img", { name: /LM latency per turn/ }).waitFor({ timeout: T.ui });
   await plot.getByText(/Session: [1-9]\d* calls · [1-9]\d* tokens in/).waitFor({ timeout: T.ui });
+  // cost per turn: a bar chart, the table's column and the session's total, in dollars
+  await plot.getByRole("img", { name: /^cost per turn: turn 1 \$\d/ }).waitFor({ timeout: T.ui });
+  await plot.getByRole("columnheader", { name: "cost" }).waitFor({ timeout: T.ui });
+  const costs = await plot.locator("tbody tr td:nth-child(4)").allTextContents();
+  check(costs.length > 0 && costs.every((c) => /^\$\d/.test(c)), `cost cells: ${costs}`);
+  await plot.getByText(/ out · \$\d[\d.]* · LM /).waitFor({ timeout: T.ui });
 });
 
 await scenario("sandboxes-inspect", async () => {
@@ -416,6 +451,32 @@ await scenario("sandboxes-inspect", async () => {
   const detail = page.getByRole("region", { name: "Sandbox detail" });
   await detail.getByText(`"sandbox": "${id}"`).waitFor({ timeout: T.ui });
   await detail.getByText(/"provider": "\w+"/).waitFor({ timeout: T.ui });
+});
+
+await scenario("sandboxes-archive-refused-then-delete", async () => {
+  // the sandbox inspected above: the local provider cannot archive, and says so
+  const detail = page.getByRole("region", { name: "Sandbox detail" });
+  const id = (await detail.getByRole("heading").textContent())?.trim();
+  await detail.getByRole("button", { name: "Archive" }).click();
+  await detail
+    .getByRole("alert")
+    .getByText(
+      /archive_refused \(HTTP 409\): sandbox \S+ runs on the local provider, which cannot archive it/,
+    )
+    .waitFor({ timeout: T.ui });
+  await page.screenshot({ path: `${out}/${String(shot).padStart(2, "0")}-archive-refused.png` });
+  page.once("dialog", (dialog) => dialog.accept());
+  await detail.getByRole("button", { name: "Delete" }).click();
+  await detail.getByText("deleted", { exact: true }).waitFor({ timeout: T.ui });
+  // the list no longer shows it as live
+  await page.waitForFunction(
+    (gone) =>
+      ![...document.querySelectorAll('section[aria-label="Sandboxes"] tbody tr')].some(
+        (r) => r.textContent.includes(gone) && !/deleted|stopped/.test(r.textContent),
+      ),
+    id,
+    { timeout: T.ui },
+  );
 });
 
 await scenario("volumes-browse", async () => {

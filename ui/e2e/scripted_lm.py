@@ -6,8 +6,10 @@ answer. It prints its base URL on the first line and serves until killed.
   cell, then SUBMIT; a task that says "count slowly" gets a cell that prints for 8 s (the
   cancel test); a model named `*scripted-alt*` (the profile the settings test makes) submits
   "42 via alt";
-- a ReAct step (`next_tool_name`): ask the user which region, and finish once answered;
-- ReAct's extract or a ChainOfThought (`answer`): the region chosen, or "four";
+- a ReAct step (`next_tool_name`): ask the user which region, and finish once answered (or
+  at once when the uploaded minutes' text is in the prompt);
+- ReAct's extract or a ChainOfThought (`answer`): the region chosen, the launch code when the
+  prompt holds the uploaded minutes' text ("the launch code is ZEBRA-4417"), or "four";
 - the connectivity probe ("Reply with exactly OK"): OK.
 """
 
@@ -15,6 +17,7 @@ import time
 
 from fleet_harness.scripted_lm import Reply, ScriptedLM, ScriptedRequest
 
+LAUNCH = "the launch code is ZEBRA-4417"  # the browser test's uploaded minutes say so
 SLOW = "import time\nfor i in range(80):\n    print('tick', i, flush=True)\n    time.sleep(0.1)"
 
 
@@ -45,13 +48,21 @@ def answer(request: ScriptedRequest) -> Reply:
     if "Reply with exactly OK" in text:  # the connectivity probe (Settings: Test)
         return Reply("OK")
     if "next_tool_name" in system:  # a ReAct step
-        if "eu please" in text:
+        if "eu please" in text or LAUNCH in text:  # answered, or the document says it
             return Reply(_fields(next_thought="done", next_tool_name="finish", next_tool_args="{}"))
         args = '{"question": "Which region?", "options": ["eu", "us"]}'
         return Reply(_fields(next_thought="ask", next_tool_name="ask_user", next_tool_args=args))
     if "`code`" not in system:  # ReAct's extract, or a ChainOfThought
         if "eu please" in text:
             return Reply(_fields(reasoning="they chose", answer="deploying to eu"))
+        if LAUNCH in text:  # the uploaded document's text reached the prompt
+            return Reply(
+                _fields(
+                    reasoning="it is in the minutes",
+                    answer="ZEBRA-4417, per the minutes",
+                    needs_tools="False",
+                )
+            )
         return Reply(_fields(reasoning="easy", answer="four", needs_tools="False"))
     return _rlm(request)
 

@@ -336,8 +336,10 @@ export class Api {
     return this.call("POST", "/api/v1/sessions", { title });
   }
 
-  session(id: string): Promise<SessionOut> {
-    return this.call("GET", `/api/v1/sessions/${encodeURIComponent(id)}`);
+  /** `minSeq`: read a write of ours back (the replica waits, bounded, until it folded it). */
+  session(id: string, minSeq?: number): Promise<SessionOut> {
+    const after = minSeq ? `?min_seq=${minSeq}` : "";
+    return this.call("GET", `/api/v1/sessions/${encodeURIComponent(id)}${after}`);
   }
 
   renameSession(id: string, title: string): Promise<{ seq: number }> {

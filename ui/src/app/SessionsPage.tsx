@@ -54,9 +54,11 @@ function Detail({ api, id }: { api: Api; id: string }) {
   const [title, setTitle] = useState<string | null>(null);
   const renamed = useMutation({
     mutationFn: (next: string) => api.renameSession(id, next),
-    onSuccess: async () => {
+    onSuccess: async ({ seq }) => {
       setTitle(null);
-      await client.invalidateQueries({ queryKey: ["session", id] });
+      // read the rename back at its sequence: a plain refetch can beat the read model to it
+      // and show the old title until the next refetch
+      client.setQueryData(["session", id], await api.session(id, seq));
       await client.invalidateQueries({ queryKey: ["sessions"] });
     },
   });

@@ -44,7 +44,7 @@ function download(name: string, text: string) {
   setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
 
-function Detail({ api, id }: { api: Api; id: string }) {
+export function Detail({ api, id }: { api: Api; id: string }) {
   const client = useQueryClient();
   const navigate = useNavigate();
   const session = useQuery({ queryKey: ["session", id], queryFn: () => api.session(id) });

@@ -95,7 +95,20 @@ class SessionRecord:
 
     @property
     def roots(self) -> list[RunRecord]:
-        return [r for r in self.runs.values() if r.parent_run is None and r.journal.cells]
+        """The runs replayed from a fresh sandbox: each run with cells that no cell started.
+        A run a cell started (`sub_rlm`) is replayed by that cell's call; the chat agent's
+        root records no cell, so its RLM (an escalation, `rlm_query`) is a root here."""
+        return [r for r in self.runs.values() if r.journal.cells and not self._under_a_cell(r)]
+
+    def _under_a_cell(self, run: RunRecord) -> bool:
+        seen = {run.run}
+        parent = self.runs.get(run.parent_run) if run.parent_run else None
+        while parent is not None and parent.run not in seen:
+            if parent.journal.cells:
+                return True
+            seen.add(parent.run)
+            parent = self.runs.get(parent.parent_run) if parent.parent_run else None
+        return False
 
 
 def read_record(lines: Iterable[bytes]) -> SessionRecord:

@@ -8,9 +8,12 @@ LM (every call granted as a `step` of this run, then recorded as `run.llm_called
 terminal event, close the tree. The RLM route and the recursion tools run child runs of this
 run through the engine (`fleet_agent.engine.run_rlm`), in the same tree.
 
-`restartable` is False, as for the engine's runner: running a turn again would pay its model
-calls twice (issue 16 resumes from the record; the run and tree ids are derived from the turn
-for it).
+`restartable` is True, as for the engine's runner (issue 16): the run and tree ids are derived
+from the turn, so a later attempt lands on the run subject the dead holder wrote and carries
+on from its record (`chat.resume.crashed`): ReAct's trajectory rebuilt up to the last tool call
+with a result, recorded model calls not asked again, the one tool call in flight run again
+under its recorded id, an escalation to the RLM resumed through the engine's own resume
+(docs/turns.md, "Which step repeats").
 """
 
 import asyncio
@@ -24,7 +27,7 @@ import dspy
 from dspy.utils.exceptions import LMError
 
 from fleet_agent.chat import escalation
-from fleet_agent.chat.resume import Resume, answer_text, rebuild
+from fleet_agent.chat.resume import Crashed, Resume, answer_text, crashed, rebuild
 from fleet_agent.chat.session_log import LogScope, append
 from fleet_agent.chat.settings import ChatSettings
 from fleet_agent.chat.signatures import RLM_TURN, ChatAgent, ChatTurn
@@ -51,7 +54,8 @@ from fleet_agent.lenient import LenientCodec
 from fleet_agent.lm import CallScope, LmNotConfigured, budgeted_lm
 from fleet_agent.runners import Answered, CancelToken, Failed, Parked, Stopped, TurnInput
 from fleet_agent.session_state import FOLD, SessionState, history, skipped_line
-from fleet_events import bus, streams
+from fleet_events import Event, bus, streams
+from fleet_events import journal as jr
 from fleet_events.budget import CloseTree, OpenTree
 from fleet_events.run import (
     Escalated,
@@ -60,6 +64,7 @@ from fleet_events.run import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunResumed,
     RunStarted,
     ToolReturned,
 )
@@ -75,7 +80,7 @@ from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.secrets import SecretError, private_key_from_env
 from fleet_mesh.service import ServiceContext
-from fleet_mesh.store import EventStore, Head
+from fleet_mesh.store import EMPTY, EventStore, Head
 
 log = logging.getLogger("fleet.agent.chat")
 T = TypeVar("T")
@@ -205,6 +210,33 @@ async def load_resume(mesh: EngineMesh, turn: TurnInput, timeout_s: float) -> "S
 
 
 @dataclass(frozen=True)
+class Taken:
+    """A run whose holder died (a redelivered attempt, not a parked one): its record folded,
+    the head the next append is made against, and where it stands (None: it had ended)."""
+
+    events: list[Event]
+    journal: jr.Journal
+    head: Head
+    point: Crashed | None
+
+
+async def load_crashed(mesh: EngineMesh, turn: TurnInput) -> Taken | None:
+    """The record of a turn's run left by a holder that died (on the bus loop); None when
+    the dead holder recorded no `run.started` (the turn then runs from the start)."""
+    run = root_run_id(turn.tenant, turn.session, turn.turn)
+    journal = jr.Journal()
+    events: list[Event] = []
+    head = EMPTY
+    async for stored in mesh.store.replay(run_subject(turn.tenant, turn.session, run)):
+        events.append(stored.envelope.data)
+        jr.evolve(journal, stored.envelope.data)
+        head = Head(stored.seq, stored.hash)
+    if not events or not isinstance(events[0], RunStarted):
+        return None
+    return Taken(events, journal, head, crashed(events))
+
+
+@dataclass(frozen=True)
 class Started:
     """A resumed run: where its record ends and what the parked call returns."""
 
@@ -215,7 +247,7 @@ class Started:
 
 
 class ChatRunner:
-    restartable = False
+    restartable = True
 
     def __init__(
         self,
@@ -246,9 +278,12 @@ class ChatRunner:
         state, request, context = await _on_bus(mesh, load_turn(mesh, turn, threshold))
         mode = request.mode if request is not None else "auto"
         resume = None
-        if turn.attempt > 1:  # only a parked turn runs again (not restartable otherwise)
+        taken = None
+        if turn.attempt > 1:  # a parked turn answered, or a dead holder's turn redelivered
             timeout = self._options.clarify_timeout_s
             resume = await _on_bus(mesh, load_resume(mesh, turn, timeout))
+            if resume is None:
+                taken = await _on_bus(mesh, load_crashed(mesh, turn))
         escalation.check_mode(mode)
         tree = tree_id(turn.tenant, turn.session, turn.turn)
         run = root_run_id(turn.tenant, turn.session, turn.turn)
@@ -261,10 +296,10 @@ class ChatRunner:
         ), timeout=15))  # fmt: skip
         ctx = RunContext(
             tenant=turn.tenant, session=turn.session, turn=turn.turn, run=run, tree=tree,
-            sandbox="", mesh=mesh,
+            sandbox="", mesh=mesh, attempt=turn.attempt,
         )  # fmt: skip
         loop = asyncio.get_running_loop()
-        chat = TurnRun(self, ctx, state, mode, turn.message + context, loop, resume)
+        chat = TurnRun(self, ctx, state, mode, turn.message + context, loop, resume, taken)
         mirror = asyncio.ensure_future(_mirror(token, ctx))
         outcome: Answered | Stopped | Parked | Failed | None = None
         try:
@@ -280,7 +315,7 @@ class ChatRunner:
                 expiry = asyncio.ensure_future(self._expire(mesh, turn, outcome.request_id))
                 self._timers.add(expiry)
                 expiry.add_done_callback(self._timers.discard)
-            else:
+            elif not chat.recorder.fenced:  # a fenced attempt's tree is the new holder's
                 close = CloseTree(
                     request_id=derived_id("close", tree), tree=tree, reason="turn ended"
                 )
@@ -341,7 +376,16 @@ class ChatReAct(dspy.ReAct):  # type: ignore[misc]  # dspy ships no types
             return super().forward(**inputs)
         trajectory = dict(self._start)
         taken = sum(1 for key in trajectory if key.startswith("thought_"))
-        for step in range(taken, self.max_iters):
+        last = taken - 1
+        done = taken > 0 and trajectory[f"tool_name_{last}"] == "finish"
+        if taken > 0 and f"observation_{last}" not in trajectory:
+            # the tool call a dead holder left in flight: run again (under its recorded id)
+            name, args = trajectory[f"tool_name_{last}"], trajectory[f"tool_args_{last}"]
+            try:
+                trajectory[f"observation_{last}"] = self.tools[name](**args)
+            except Exception as exc:
+                trajectory[f"observation_{last}"] = f"Execution error in {name}: {exc}"
+        for step in range(taken, self.max_iters if not done else taken):
             try:
                 chosen = self._call_with_potential_trajectory_truncation(
                     self.react, trajectory, **inputs
@@ -405,14 +449,18 @@ class TurnRun:
     def __init__(
         self, runner: ChatRunner, ctx: RunContext, state: SessionState, mode: str, message: str,
         loop: asyncio.AbstractEventLoop, resume: Started | None = None,
+        taken: Taken | None = None,
     ) -> None:  # fmt: skip
         self.runner = runner
         self.resume = resume
+        self.taken = taken
         self.ctx = ctx
         self.mode = mode
         self.message = message
         self.loop = loop
-        self.recorder = RunRecorder(ctx)
+        self.recorder = (
+            RunRecorder(ctx) if taken is None else RunRecorder(ctx, taken.journal, taken.head)
+        )
         self.iterations = 0
         self.last_thought = ""
         self._sandbox = ""
@@ -440,6 +488,14 @@ class TurnRun:
             self._grants = resume.point.grants
             self.kit.calls = resume.point.tool_calls
             self.iterations = resume.point.iterations
+        point = taken.point if taken is not None else None
+        if taken is not None and point is not None:
+            self.recorder.llm_calls = point.llm_calls
+            self._grants = taken.journal.max_call_index
+            # the call in flight runs again under its recorded id (`ToolKit.next_call_id`)
+            self.kit.calls = point.tool_calls - (1 if point.in_flight is not None else 0)
+            self.iterations = point.iterations
+            self.may_escalate = not point.fell_back
 
     # -- seams to the agent's loop ---------------------------------------------------------
 
@@ -537,6 +593,12 @@ class TurnRun:
         )
         return str(prediction.answer or "")
 
+    def _formatted(self, trajectory: dict[str, Any]) -> str:
+        """ReAct's trajectory as its step saw it when the turn went up to the RLM (the route's
+        task is then the one recorded, and its resumed run matches its recorded calls)."""
+        agent = ChatReAct(ChatAgent, tools=toolset(self.kit), max_iters=1)
+        return str(agent._format_trajectory(trajectory))
+
     def rlm(self, trajectory: str = "") -> str:
         self.boundary()
         context = {"history": self.state.history, "core_memory": self.memory_text}
@@ -565,6 +627,8 @@ class TurnRun:
         try:
             if self.resume is not None:
                 return self._resumed(adapter)
+            if self.taken is not None:
+                return self._taken_over(adapter, self.taken)
             self.recorder.record(RunStarted(
                 kind="chat", tree=ctx.tree, task=self.message[:2000], mode=self.mode,
                 signature="ChatAgent", inputs={"question": self.message[:2000]},
@@ -625,8 +689,48 @@ class TurnRun:
         )  # fmt: skip
         return Answered(answer, root_head_hash=head.hash)
 
-    def _modules(self) -> tuple[str, str]:
-        """The escalation loop: (answer, the module that gave it)."""
+    def _taken_over(self, adapter: Any, taken: Taken) -> Answered | Stopped | Failed:
+        """Carry on a run whose holder died, from its record: `run.resumed` appended against
+        the head read (the old holder's next append is refused), then the module the record
+        was in goes on from where it stands (`chat.resume.crashed`)."""
+        point = taken.point
+        if point is None:  # the run had ended: its end stands, nothing runs again
+            return self._from_record(taken)
+        ctx = self.ctx
+        self.recorder.record(
+            RunResumed(
+                attempt=ctx.attempt, replica=ctx.mesh.actor.replica,
+                reused_calls=point.llm_calls, in_flight=point.what_repeats,
+            )
+        )  # fmt: skip
+        with dspy.context(lm=self.lm(), adapter=adapter):
+            answer, module = self._modules(point)
+        self.boundary()
+        head = self.recorder.record(
+            RunCompleted(
+                answer=answer, outputs={"module": module}, iterations=self.iterations,
+                llm_calls=self.recorder.llm_calls,
+            )
+        )  # fmt: skip
+        return Answered(answer, root_head_hash=head.hash)
+
+    def _from_record(self, taken: Taken) -> Answered | Stopped | Failed:
+        """How a run that ended before its holder died ended (its turn's end was not stored)."""
+        end = taken.events[-1]
+        if isinstance(end, RunCompleted):
+            return Answered(end.answer, root_head_hash=taken.head.hash)
+        if isinstance(end, RunCancelled):
+            return Stopped(end.partial_answer)
+        if isinstance(end, RunFailed) and end.reason == NOT_CONFIGURED:
+            return Failed(
+                f"the chat agent has no language model to answer with ({end.error})",
+                code=NOT_CONFIGURED,
+            )
+        raise ChatFailed(f"the chat run failed: {getattr(end, 'error', type(end).__name__)}")
+
+    def _modules(self, point: Crashed | None = None) -> tuple[str, str]:
+        """The escalation loop: (answer, the module that gave it); from `point` for a run
+        taken over from its record (no opening move: the record holds it)."""
         chars = escalation.context_chars(self.message, self.state.history, self.memory_text)
         move = escalation.opening(
             self.mode, chars, self.message, self.runner._options.context_threshold
@@ -634,6 +738,12 @@ class TurnRun:
         module = "cot"
         fell_back = False
         trajectory = ""
+        start: dict[str, Any] | None = None
+        if point is not None:
+            move, module, fell_back = None, point.module, point.fell_back
+            start = point.trajectory or None
+            if module == "rlm" and point.escalated_from_react and start:
+                trajectory = self._formatted(start)
         while True:
             if move is not None:
                 self.recorder.record(move)
@@ -646,7 +756,8 @@ class TurnRun:
                         return answer, "cot"
                     continue
                 if module == "react":
-                    return self.react(), "react"
+                    begun, start = start, None
+                    return self.react(begun), "react"
                 return self.rlm(trajectory), "rlm"
             except EscalateToRlm as up:
                 move, trajectory = up.move, up.trajectory

@@ -129,6 +129,20 @@ class RlmTurnRunner:
         return forked
 
 
+async def child_run_consumer(
+    ctx: ServiceContext, pool: MeshPool, settings: EngineSettings
+) -> WorkConsumer:
+    """The child-run work consumer, started: every runner whose RLM code may call `sub_rlm`
+    needs one (the engine's and the chat agent's), else a child run is never taken."""
+    children = ChildRunWorker(pool, ctx.log)
+    consumer = WorkConsumer(
+        ctx.js, settings.child_consumer(), children.handle, slots=settings.child_slots, log=ctx.log
+    )
+    children.consumer = consumer
+    await consumer.start()
+    return consumer
+
+
 async def engine_runner(
     ctx: ServiceContext, settings: EngineSettings | None = None
 ) -> RlmTurnRunner:
@@ -143,12 +157,7 @@ async def engine_runner(
     settings = settings or EngineSettings()
     url = ctx.nc.connected_url.geturl() if ctx.nc.connected_url else ""
     pool = MeshPool(url, ctx.actor, key)
-    children = ChildRunWorker(pool, ctx.log)
-    consumer = WorkConsumer(
-        ctx.js, settings.child_consumer(), children.handle, slots=settings.child_slots, log=ctx.log
-    )
-    children.consumer = consumer
-    await consumer.start()
+    consumer = await child_run_consumer(ctx, pool, settings)
 
     async def stop() -> None:
         await consumer.stop()

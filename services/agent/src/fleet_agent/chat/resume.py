@@ -12,7 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet_events import Event
-from fleet_events.run import IterationPlanned, LlmCalled, RunStarted, ToolCalled, ToolReturned
+from fleet_events.run import (
+    TERMINAL,
+    Escalated,
+    FellBack,
+    IterationPlanned,
+    LlmCalled,
+    RunStarted,
+    ToolCalled,
+    ToolReturned,
+)
 from fleet_events.session import InputExpired, InputProvided
 
 ASK = "ask_user"
@@ -79,4 +88,89 @@ def rebuild(events: list[Event], result: str) -> Resume | None:
     return Resume(
         trajectory=trajectory, pending=open_calls[0], llm_calls=llm_calls, grants=grants,
         tool_calls=len(calls), iterations=iterations,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Crashed:
+    """Where a chat run whose holder died stands, read from its record (`crashed`)."""
+
+    module: str
+    """The module the run was in: the last recorded escalation's or fallback's target."""
+    fell_back: bool
+    trajectory: dict[str, Any]
+    """ReAct's steps up to the last whose tool call has a result, and the step whose tool call
+    has none (its thought, tool and arguments, no observation: that call runs again)."""
+    in_flight: ToolCalled | None
+    """The tool call the record shows begun and not ended: it runs again, under its id."""
+    llm_calls: int
+    tool_calls: int
+    iterations: int
+    escalated_from_react: bool
+    """The run went up to the RLM from ReAct: the route's task carries ReAct's trajectory."""
+
+    @property
+    def what_repeats(self) -> str:
+        """`run.resumed`'s `in_flight`: the one step the record shows begun and not ended."""
+        if self.in_flight is not None:
+            return f"tool call {self.in_flight.call_id} ({self.in_flight.tool}, no result recorded)"
+        if self.module == "rlm":
+            return "the RLM route's run (resumed from its own record)"
+        return f"the next {self.module} model call (no plan recorded after call {self.llm_calls})"
+
+
+def crashed(events: list[Event]) -> Crashed | None:
+    """The resume point of a chat run that did not end, or None when there is no run yet or
+    it ended. A ReAct step planned but with no tool call recorded (the holder died between
+    the plan and the call) has no arguments on the record: it is dropped, and its model call
+    is asked again."""
+    if not events or not isinstance(events[0], RunStarted) or isinstance(events[-1], TERMINAL):
+        return None
+    module, fell_back, from_react = "cot", False, False
+    steps: list[dict[str, Any]] = []
+    calls: list[ToolCalled] = []
+    returned: dict[str, ToolReturned] = {}
+    llm_calls = iterations = 0
+    for event in events:
+        if isinstance(event, LlmCalled):
+            llm_calls += 1
+        elif isinstance(event, Escalated):
+            from_react = event.from_module == "react" and event.to_module == "rlm"
+            module = event.to_module
+        elif isinstance(event, FellBack):
+            module, fell_back = event.to_module, True
+        elif isinstance(event, IterationPlanned):
+            iterations += 1
+            if event.tool:
+                steps.append({"thought": event.reasoning, "tool_name": event.tool})
+        elif isinstance(event, ToolCalled):
+            calls.append(event)
+            if steps and "call" not in steps[-1]:
+                steps[-1]["call"] = event
+        elif isinstance(event, ToolReturned):
+            returned[event.call_id] = event
+    trajectory: dict[str, Any] = {}
+    in_flight: ToolCalled | None = None
+    for n, taken in enumerate(steps):
+        call: ToolCalled | None = taken.get("call")
+        if call is None:
+            if taken["tool_name"] != "finish":
+                break  # planned, not called: no arguments recorded, the step is asked again
+            args: dict[str, Any] = {}
+        else:
+            args = dict(call.args)
+        trajectory[f"thought_{n}"] = taken["thought"]
+        trajectory[f"tool_name_{n}"] = taken["tool_name"]
+        trajectory[f"tool_args_{n}"] = args
+        if call is None:  # dspy's own `finish`: not a recorded tool, it answers this
+            trajectory[f"observation_{n}"] = "Completed."
+        elif call.call_id in returned:
+            trajectory[f"observation_{n}"] = returned[call.call_id].result
+        else:
+            in_flight = call
+            break
+    return Crashed(
+        module=module, fell_back=fell_back, trajectory=trajectory, in_flight=in_flight,
+        llm_calls=llm_calls, tool_calls=len(calls), iterations=iterations,
+        escalated_from_react=from_react,
     )  # fmt: skip

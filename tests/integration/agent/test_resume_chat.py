@@ -9,6 +9,9 @@ replica carries the turn on from its run's record (`chat.resume.crashed`). Two c
   call. The tool call has no result: it runs again under its recorded id, so the child run is
   the same one, and the engine resumes it from its own record (its in-flight call is the one
   asked twice).
+- "in the RLM route": an `rlm_only` turn (recorded `run.escalated` cot -> rlm) killed while
+  the route's child run waits at the gate on its model call. The resumed chat run does not
+  record the move again and calls the route's child again under its id; the engine resumes it.
 
 Each round checks: the turn ends once, with the answer that needs the tool's result; no event
 is stored twice on the root or the child run (`journal.step_key`); the model calls counted at
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from fleet_events import Event
+from fleet_events import Event, new_id
 from fleet_events.journal import step_key
 from fleet_events.run import (
     TERMINAL,
@@ -37,7 +40,7 @@ from fleet_events.run import (
     ToolCalled,
     ToolReturned,
 )
-from fleet_events.session import TurnCompleted, TurnStarted, log_subject
+from fleet_events.session import TurnCompleted, TurnRequested, TurnStarted, log_subject
 from fleet_harness.scripted_lm import Reply, ScriptedLM, ScriptedRequest
 from fleet_harness.waits import WaitTimeout, eventually
 
@@ -61,8 +64,9 @@ EXPECTED = {
     # script key -> calls at the fake: once, or twice for the call in flight at the kill
     "after": {"cot": 1, "s1": 1, "kid": 1, "s2": 2, "extract": 1},
     "during": {"cot": 1, "s1": 1, "kid": 2, "s2": 1, "extract": 1},
+    "rlm": {"route": 2},
 }
-GATED = {"after": "s2", "during": "kid"}
+GATED = {"after": "s2", "during": "kid", "rlm": "route"}
 
 
 @dataclass(frozen=True)
@@ -83,11 +87,11 @@ def script(request: ScriptedRequest) -> Reply:
     steps a `next_tool_name`, CoT a `needs_tools`; what is left is ReAct's extract."""
     text = request.prompt_text
     if "[[ ## code ## ]]" in text:
-        kid = re.search(r"KIDQ (\w+) (\d+)", text)
+        kid = re.search(r"(KIDQ|CHATTASK) (\w+) (\d+)", text)
         assert kid, text[-300:]
-        case = Case(kid.group(1), int(kid.group(2)))
+        case = Case(kid.group(2), int(kid.group(3)))
         reply = step("SUBMIT(answer='KIDANSWER-' + str(6 * 7))")
-        return _gated(case, "kid", reply)
+        return _gated(case, "kid" if kid.group(1) == "KIDQ" else "route", reply)
     root = re.search(r"CHATTASK (\w+) (\d+)", text)
     assert root, text[-300:]
     case = Case(root.group(1), int(root.group(2)))
@@ -120,7 +124,10 @@ async def run_rounds(processes: Processes, fake: ScriptedLM, kind: str) -> list[
 async def one_round(processes: Processes, s: Session, fake: ScriptedLM, case: Case) -> float:
     names = agents(processes)
     gate = fake.gate(case.key("gate"))  # made before the call, or the call does not wait
-    turn = await s.ask(f"CHATTASK {case.kind} {case.n}: what does the tool say?")
+    turn = new_id()
+    mode = "rlm_only" if case.kind == "rlm" else "auto"
+    message = f"CHATTASK {case.kind} {case.n}: what does the tool say?"
+    await s.append(turn, TurnRequested(message=message, mode=mode))
     await eventually(lambda: gate.arrivals >= 1, timeout=90, what=f"{case} at its gate")
     name = await holder(s, turn)
     names[name].kill()
@@ -155,9 +162,21 @@ async def check_round(s: Session, fake: ScriptedLM, case: Case, turn: str) -> No
     root = await s.run_events(turn)
     no_step_twice(case, "root", root)
     assert isinstance(root[-1], RunCompleted)
+    resumed = of_type(root, RunResumed)[0]  # a second when a loaded holder was fenced too
+    mine = {k: c for k, c in fake.calls.items() if k.startswith(f"{case.kind}{case.n}:")}
+    assert mine == {case.key(k): c for k, c in EXPECTED[case.kind].items()}, (case, mine)
+    if case.kind == "rlm":
+        assert root[-1].outputs == {"module": "rlm"}
+        assert [(e.from_module, e.to_module) for e in of_type(root, Escalated)] == [("cot", "rlm")]
+        assert resumed.in_flight.startswith("the RLM route's run"), resumed
+        assert not of_type(root, ToolCalled)
+        (route,) = of_type(root, ChildRunRequested)
+        kid = await s.events_of(route.child_run)
+        no_step_twice(case, "route", kid)
+        assert of_type(kid, RunResumed), (case, "the route's run was not resumed from its record")
+        return
     assert root[-1].outputs == {"module": "react"}
     assert [(e.from_module, e.to_module) for e in of_type(root, Escalated)] == [("cot", "react")]
-    resumed = of_type(root, RunResumed)[0]  # a second when a loaded holder was fenced too
     called = of_type(root, ToolCalled)
     assert [c.tool for c in called] == ["rlm_query"], (case, called)
     assert [r.call_id for r in of_type(root, ToolReturned)] == [called[0].call_id]
@@ -174,8 +193,6 @@ async def check_round(s: Session, fake: ScriptedLM, case: Case, turn: str) -> No
             root.index(called[0]) < root.index(resumed) < root.index(of_type(root, ToolReturned)[0])
         )
         assert of_type(kid, RunResumed), (case, "the child run was not resumed from its record")
-    mine = {k: c for k, c in fake.calls.items() if k.startswith(f"{case.kind}{case.n}:")}
-    assert mine == {case.key(k): c for k, c in EXPECTED[case.kind].items()}, (case, mine)
 
 
 async def test_a_kill_after_a_react_tool_returned_repeats_only_the_next_step_call(
@@ -191,4 +208,12 @@ async def test_a_kill_during_a_react_tool_call_runs_that_call_again_and_resumes_
 ) -> None:
     with ScriptedLM(script) as fake:
         times = await run_rounds(processes, fake, "during")
+    print(f"{len(times)} kills, kill -> next stored step: max {max(times):.2f}s")
+
+
+async def test_a_kill_in_the_rlm_route_resumes_the_routes_run_without_escalating_again(
+    processes: Processes,
+) -> None:
+    with ScriptedLM(script) as fake:
+        times = await run_rounds(processes, fake, "rlm")
     print(f"{len(times)} kills, kill -> next stored step: max {max(times):.2f}s")

@@ -110,6 +110,12 @@ class Crashed:
     """The run went up to the RLM from ReAct: the route's task carries ReAct's trajectory."""
 
     @property
+    def moved(self) -> bool:
+        """Has the run left its start (a move or a step recorded)? If not, the turn's opening
+        move is worked out again: the holder may have died before recording it."""
+        return self.module != "cot" or self.fell_back or self.iterations > 0
+
+    @property
     def what_repeats(self) -> str:
         """`run.resumed`'s `in_flight`: the one step the record shows begun and not ended."""
         if self.in_flight is not None:

@@ -739,7 +739,7 @@ class TurnRun:
         fell_back = False
         trajectory = ""
         start: dict[str, Any] | None = None
-        if point is not None:
+        if point is not None and point.moved:
             move, module, fell_back = None, point.module, point.fell_back
             start = point.trajectory or None
             if module == "rlm" and point.escalated_from_react and start:

@@ -48,7 +48,7 @@ from fleet_agent.engine.model import (
 )
 from fleet_agent.engine.recorder import RunRecorder
 from fleet_agent.engine.rlm import run_rlm
-from fleet_agent.engine.runner import session_sandbox
+from fleet_agent.engine.runner import child_run_consumer, session_sandbox
 from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.lm import CallScope, LmNotConfigured, budgeted_lm
@@ -345,12 +345,16 @@ async def chat_runner(ctx: ServiceContext) -> ChatRunner:
         )
     url = ctx.nc.connected_url.geturl() if ctx.nc.connected_url else ""
     pool = MeshPool(url, ctx.actor, key)
+    settings = EngineSettings()
+    # the RLM's `sub_rlm` publishes child runs: without this consumer none is ever taken
+    children = await child_run_consumer(ctx, pool, settings)
 
     async def stop() -> None:
+        await children.stop()
         await asyncio.to_thread(pool.close)
 
     ctx.on_stop.append(stop)
-    return ChatRunner(pool, EngineSettings().task(), ChatOptions.of(ChatSettings()))
+    return ChatRunner(pool, settings.task(), ChatOptions.of(ChatSettings()))
 
 
 async def _mirror(token: CancelToken, ctx: RunContext) -> None:

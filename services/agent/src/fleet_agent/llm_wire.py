@@ -28,11 +28,17 @@ _FIELD = re.compile(r"`\[\[ ## (\w+) ## \]\]`(?: \(must be formatted as a valid 
 # A field's free text may hold anything but the start of a header ("[[ ##"), so the model can
 # only end a field by opening the next one the grammar names.
 _FREE = r'( [^\[] | "[" [^\[] | "[[" [^ ] | "[[ " [^#] | "[[ #" [^#] )*'
+# ...and opens with something to say: left free, the 0.5B model answered "What is 2+2?" with
+# empty fields (a newline each), which parse as an empty answer.
+_LEAD = r'( [^\[ \t\r\n] | "[" [^\[ \t\r\n] )'
 REASONING_CHARS = 400
 """dspy's `reasoning` field, capped (characters) and without backticks: the 0.5B model, left
 free, wrote its code inside the reasoning until the token limit and never reached the `code`
 field (seen in the RLM test); kept short, it gets to the fields that carry the work."""
-_REASONING = f'( [^\\[`] | "[" [^\\[`] ){{0,{REASONING_CHARS}}}'
+_REASONING = (
+    r'( [^\[` \t\r\n] | "[" [^\[` \t\r\n] ) '
+    f'( [^\\[`] | "[" [^\\[`] ){{0,{REASONING_CHARS - 1}}}'
+)
 _TYPED = {
     "bool": '( "True" | "False" )',
     "int": '"-"? [0-9]+',
@@ -68,7 +74,7 @@ def chat_grammar(fields: list[tuple[str, str | None]]) -> str:
     for index, (name, kind) in enumerate(fields):
         value = "reasoning" if name == "reasoning" else _TYPED.get(kind or "", "free")
         rules.append(f'f{index} ::= "[[ ## {name} ## ]]\\n" {value}')
-    rules.append(f"free ::= {_FREE}")
+    rules.append(f"free ::= {_LEAD} {_FREE}")
     if any(name == "reasoning" for name, _ in fields):
         rules.append(f"reasoning ::= {_REASONING}")
     return "\n".join(rules) + "\n"

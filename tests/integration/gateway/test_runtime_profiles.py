@@ -19,6 +19,7 @@ from fleet_agent.profiles import LlmStores, register_agent_verbs
 from fleet_events import llm as lm
 from fleet_events import streams
 from fleet_harness.scripted_lm import ScriptedLM
+from fleet_mesh import kvscan
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.runtime_config import LlmConfig
 from fleet_mesh.secrets import SecretsReader, ensure_keypair, load_private_key, secret_key
@@ -55,8 +56,7 @@ async def api(
 
 
 async def _history(js: JetStreamContext, bucket: str, key: str) -> list[bytes]:
-    kv = await js.key_value(bucket)
-    return [entry.value or b"" for entry in await kv.history(key)]
+    return [entry.value for entry in await kvscan.history(js, bucket, key)]
 
 
 async def test_a_profiles_key_is_sealed_used_rotated_and_never_shown(

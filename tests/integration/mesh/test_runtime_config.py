@@ -5,6 +5,7 @@ from nats.js import JetStreamContext
 
 from fleet_events import new_id, streams
 from fleet_events.config import InvalidSetting, global_key
+from fleet_mesh import kvscan
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.runtime_config import RuntimeConfig
 
@@ -51,7 +52,8 @@ async def test_every_change_is_kept_in_history(js: JetStreamContext) -> None:
     tenant = new_id()
     for size in ("1", "4", "8"):
         await config.set("sandbox_warm_pool_size", size, tenant=tenant)
-    kv = await js.key_value(streams.CONFIG.bucket)
-    history = await kv.history(f"tenant.{tenant}.sandbox_warm_pool_size")
+    history = await kvscan.history(
+        js, streams.CONFIG.bucket, f"tenant.{tenant}.sandbox_warm_pool_size"
+    )
     assert [entry.value for entry in history] == [b"1", b"4", b"8"]
     assert await config.get_int("sandbox_warm_pool_size", tenant=tenant) == 8

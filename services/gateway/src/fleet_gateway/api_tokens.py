@@ -17,16 +17,17 @@ import hmac
 import re
 import secrets
 import time
-from typing import Any, cast
 
 import msgspec
 from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from fleet_events import new_id
 from fleet_gateway.auth import Principal
 from fleet_gateway.errors import ApiError
+from fleet_mesh import kvscan
 
 PREFIX = "flt."
 SHAPE = re.compile(r"flt\.([A-Za-z0-9_-]{1,64})\.([A-Za-z0-9_-]{1,64})\.([A-Za-z0-9_-]{43})")
@@ -72,8 +73,8 @@ def _unavailable(exc: BaseException) -> ApiError:
 
 
 class ApiTokens:
-    def __init__(self, kv: KeyValue) -> None:
-        self._kv = kv
+    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+        self._js, self._kv, self._bucket = js, kv, bucket
 
     async def issue(
         self, principal: Principal, *, name: str, ttl_s: float, admin: bool
@@ -126,20 +127,11 @@ class ApiTokens:
         return Principal(tenant=stored.tenant, user=stored.user, admin=stored.admin)
 
     async def list(self, tenant: str) -> list[StoredToken]:
-        """The tenant's live tokens, oldest first (a watch filtered on the server to the
-        tenant's keys: `kv.keys` filters on the client, after reading every key)."""
-        watcher = await self._kv.watch(f"token.{tenant}.*", ignore_deletes=True)
-        found: list[StoredToken] = []
-        try:
-            async for entry in watcher:
-                if entry is None:  # the end of what was there
-                    break
-                if entry.value:
-                    found.append(msgspec.json.decode(entry.value, type=StoredToken))
-                if entry.delta == 0:
-                    break
-        finally:
-            await cast(Any, watcher).stop()  # nats-py leaves stop() unannotated
+        """The tenant's live tokens, oldest first (read on the server's side of the filter:
+        `kv.keys` filters on the client after reading every key, and nats-py's watch marker can
+        end a listing before its first key under load: `fleet_mesh.kvscan`)."""
+        entries = await kvscan.latest(self._js, self._bucket, f"token.{tenant}.*")
+        found = [msgspec.json.decode(e.value, type=StoredToken) for e in entries if e.value]
         return sorted(found, key=lambda t: (t.created_at, t.id))
 
     async def revoke(self, principal: Principal, token_id: str) -> StoredToken | None:

@@ -49,7 +49,7 @@ async def _open(state: "GatewayState", ctx: service.ServiceContext) -> None:
     settings = state.settings
     tickets = Tickets(await ctx.js.key_value(streams.TICKETS.bucket), settings.ticket_ttl_s)
     shared = await ctx.js.key_value(streams.GATEWAY.bucket)
-    state.api_tokens = ApiTokens(shared)
+    state.api_tokens = ApiTokens(ctx.js, shared, streams.GATEWAY.bucket)
     state.uploads = UploadQuota(
         shared, settings.tenant_upload_bytes, settings.tenant_upload_window_s
     )

@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fleet_mesh.store.errors import StoreUnavailable
+
 log = logging.getLogger("fleet.gateway")
 
 
@@ -116,6 +118,14 @@ def install(app: FastAPI) -> None:
         error.headers.update(dict(exc.headers or {}))
         return _respond(error)
 
+    async def store_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("store unavailable: %s", exc)
+        error = ApiError(
+            503, "store_unavailable", f"the event store did not answer ({exc}); retry shortly"
+        )
+        error.headers["Retry-After"] = "1"
+        return _respond(error)
+
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         incident = uuid.uuid4().hex
         log.exception("unhandled error", extra={"incident": incident})
@@ -132,4 +142,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(StoreUnavailable, store_unavailable)
     app.add_exception_handler(Exception, unexpected)

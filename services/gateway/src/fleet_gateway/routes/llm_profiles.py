@@ -26,6 +26,7 @@ from fleet_events import llm as lm
 from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
 from fleet_gateway.routes.runtime import PROBE_SLACK_S, LmProbeResult, ask_agent, probe_result
+from fleet_mesh import kvscan
 from fleet_mesh.runtime_config import LlmConfig, ProfileConflict, ProfileNotFound, StoredProfile
 from fleet_mesh.secrets import SecretError, SecretsWriter, public_key_from_env, secret_key
 
@@ -165,19 +166,10 @@ async def _seal(js: Any, profile: str, api_key: SecretStr, tenant: str) -> str:
 @router.get("", response_model=ProfileList, responses=ERRORS)
 async def list_profiles(tenant: CurrentTenant, request: Request) -> ProfileList:
     config, js = await _stores(request)
-    kv = await js.key_value(streams.CONFIG.bucket)
     prefix = lm.profile_key("x", tenant)[: -len("x")]
-    # a watch on the tenant's profile keys only (nats-py's `keys()` walks the whole bucket and
-    # filters by substring); its first None says the current values are all delivered
-    watcher = await kv.watch(prefix + ">", ignore_deletes=True, meta_only=True)
-    keys: list[str] = []
-    try:
-        async for entry in watcher:
-            if entry is None:
-                break
-            keys.append(entry.key)
-    finally:
-        await watcher.stop()
+    # the tenant's profile keys only, filtered on the server (nats-py's `keys()` walks the whole
+    # bucket, and its watch marker can end a listing early under load: `fleet_mesh.kvscan`)
+    keys = [entry.key for entry in await kvscan.latest(js, streams.CONFIG.bucket, prefix + ">")]
     items = []
     for key in sorted(keys):
         found = await config.get_profile(key[len(prefix) :], tenant=tenant)

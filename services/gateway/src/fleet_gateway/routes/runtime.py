@@ -19,8 +19,6 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Request
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, Field
 
 from fleet_events import bus
@@ -28,8 +26,7 @@ from fleet_events import llm as lm
 from fleet_gateway.auth import CurrentPrincipal, CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
 from fleet_gateway.readiness import check
-from fleet_gateway.routes.common import nats, version
-from fleet_mesh import rpc
+from fleet_gateway.routes.common import AGENT, ask, nats, version
 
 router = APIRouter(prefix="/api/v1", tags=["runtime"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -112,24 +109,7 @@ class LmProbeResult(BaseModel):
 
 
 async def ask_agent(request: Request, verb: Any, req: Any, timeout: float) -> Any:
-    try:
-        return await rpc.call_verb(nats(request), verb, req, timeout=timeout)
-    except NoRespondersError:
-        raise ApiError(
-            503, "agent_unavailable", "no agent is running to answer: start one and retry"
-        ) from None
-    except rpc.RemoteError as exc:
-        if exc.code == "bad_request":  # what the caller sent (a cursor, a name) was refused
-            raise ApiError(
-                422, "invalid_request", f"the agent refused the request: {exc.message[:300]}"
-            ) from None
-        raise ApiError(
-            502, f"agent_{exc.code}", f"the agent refused: {exc.message[:300]}"
-        ) from None
-    except (TimeoutError, NatsTimeout):
-        raise ApiError(
-            504, "agent_timeout", f"the agent did not answer within {timeout}s; retry"
-        ) from None
+    return await ask(request, AGENT, verb, req, timeout=timeout)
 
 
 @router.get("/info", response_model=Info, responses=ERRORS)

@@ -16,8 +16,6 @@ the process id and uid): they say how the host is laid out and help no caller.
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel
 
 from fleet_events import bus, new_id
@@ -25,6 +23,7 @@ from fleet_events import sandbox as sb
 from fleet_events.ids import InvalidId, check_id
 from fleet_gateway.auth import CurrentPrincipal, CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
+from fleet_gateway.routes.common import BROKER, ask
 from fleet_mesh import rpc
 
 router = APIRouter(prefix="/api/v1/sandboxes", tags=["sandboxes"])
@@ -108,42 +107,24 @@ def _checked(sandbox: str) -> str:
         ) from None  # fmt: skip
 
 
-def _bus(request: Request) -> Any:
-    nc = request.app.state.gateway.nc
-    if nc is None or not nc.is_connected:
-        raise ApiError(503, "nats_unavailable", "the gateway has no bus connection; retry shortly")
-    return nc
-
-
 async def _ask(request: Request, verb: Any, req: Any, timeout: float, target: str | None) -> Any:
-    """One broker call with its failures said in the edge's terms: no holder or a foreign
-    holder is 404, no broker at all 503, a silent one 504."""
-    try:
-        return await rpc.call_verb(_bus(request), verb, req, target=target, timeout=timeout)
-    except NoRespondersError:
-        if target is not None:
-            raise _sandbox_not_found(target) from None
-        raise ApiError(
-            503, "broker_unavailable", "no sandbox broker is running: start one and retry"
-        ) from None
-    except rpc.RemoteError as exc:
-        if exc.code == "bad_request":  # what the caller sent (a cursor, a name) was refused
-            raise ApiError(
-                422, "invalid_request", f"the broker refused the request: {exc.message[:300]}"
-            ) from None
-        if exc.code == "not_found" and target is not None:
-            raise _sandbox_not_found(target) from None
-        if exc.code == "declined":  # well-formed, declined (and recorded) by the broker
-            raise ApiError(
-                409, "archive_refused", exc.message[:400], details={"sandbox": target}
-            ) from None
-        raise ApiError(
-            502, f"broker_{exc.code}", f"the sandbox broker refused: {exc.message[:300]}"
-        ) from None
-    except (TimeoutError, NatsTimeout):
-        raise ApiError(
-            504, "broker_timeout", f"the sandbox broker did not answer within {timeout}s; retry"
-        ) from None
+    """One broker call with what is this route's own: a call to one sandbox's holder that no
+    replica takes, or one the holder does not find for this tenant, is that sandbox's 404;
+    a request the broker declined (and recorded) is 409."""
+    if target is None:
+        return await ask(request, BROKER, verb, req, timeout=timeout)
+    sandbox = target
+
+    def not_found(_: rpc.RemoteError | None = None) -> ApiError:
+        return _sandbox_not_found(sandbox)
+
+    def declined(exc: rpc.RemoteError) -> ApiError:
+        return ApiError(409, "archive_refused", exc.message[:400], details={"sandbox": sandbox})
+
+    return await ask(
+        request, BROKER, verb, req, timeout=timeout, target=sandbox,
+        refusals={"not_found": not_found, "declined": declined}, no_responders=not_found,
+    )  # fmt: skip
 
 
 @router.get("", response_model=SandboxPage, responses=ERRORS)

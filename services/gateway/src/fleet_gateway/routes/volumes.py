@@ -13,8 +13,6 @@ import hashlib
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel
 
 from fleet_events import bus, new_id
@@ -22,7 +20,7 @@ from fleet_events import sandbox as sb
 from fleet_events.ids import InvalidId, check_id
 from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
-from fleet_gateway.routes.common import nats
+from fleet_gateway.routes.common import BROKER, ask, invalid_request
 from fleet_mesh import rpc
 
 router = APIRouter(prefix="/runtime/volume", tags=["runtime"])
@@ -95,26 +93,17 @@ def _not_found(volume: str, path: str, why: str) -> ApiError:
 
 
 async def _ask(request: Request, verb: Any, req: Any, volume: str, path: str) -> Any:
-    try:
-        return await rpc.call_verb(nats(request), verb, req, timeout=CALL_TIMEOUT_S)
-    except NoRespondersError:
-        raise ApiError(
-            503, "broker_unavailable", "no sandbox broker is running: start one and retry"
-        ) from None
-    except rpc.RemoteError as exc:
-        if exc.code in ("path_refused", "not_found"):
-            raise _not_found(volume, path, exc.message) from None
-        if exc.code in ("bad_request", "too_large"):
-            raise ApiError(
-                422, "invalid_request", f"the broker refused the request: {exc.message[:300]}"
-            ) from None
-        raise ApiError(
-            502, f"broker_{exc.code}", f"the sandbox broker refused: {exc.message[:300]}"
-        ) from None
-    except (TimeoutError, NatsTimeout):
-        raise ApiError(
-            504, "broker_timeout", f"the sandbox broker did not answer within {CALL_TIMEOUT_S}s"
-        ) from None
+    """A path the broker refuses or cannot find is this volume's 404; a size it will not read
+    is the caller's to change, like any malformed request."""
+
+    def missing(exc: rpc.RemoteError) -> ApiError:
+        return _not_found(volume, path, exc.message)
+
+    def too_large(exc: rpc.RemoteError) -> ApiError:
+        return invalid_request(BROKER, exc)
+
+    refusals = {"path_refused": missing, "not_found": missing, "too_large": too_large}
+    return await ask(request, BROKER, verb, req, timeout=CALL_TIMEOUT_S, refusals=refusals)
 
 
 @router.get("/tree", response_model=Tree, responses=ERRORS)

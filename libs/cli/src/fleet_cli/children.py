@@ -17,6 +17,8 @@ from typing import IO
 
 # A child that stays up this long is healthy again: its next crash restarts it at once.
 HEALTHY_AFTER_S = 10.0
+# After a stop's SIGKILL to a group: how long to wait for the kernel to end what it hit.
+GROUP_EXIT_S = 5.0
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 
@@ -147,7 +149,34 @@ class Child:
                 self._signal_group(signal.SIGKILL)
                 rc = self.process.wait(10)
             self._signal_group(signal.SIGKILL)
+            _wait_group_ended(self.process.pid, time.monotonic() + GROUP_EXIT_S)
         if self._log is not None:
             self._log.close()
             self._log = None
         return rc
+
+
+def _wait_group_ended(pgid: int, deadline: float) -> None:
+    """SIGKILL only asks: a killed process runs on until the kernel has carried out its exit
+    (freeing its memory first), which a loaded machine may take a while to schedule. A stop
+    that returned then would leave a straggler running as `fleet up` exits (it promises to
+    leave no process behind), so wait for the group to end, up to `deadline`."""
+    while _group_running(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs. A zombie has ended (only its parent has
+    not reaped it yet), and an orphan's new parent may never reap it."""
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:  # ended while we looked
+                continue
+            state, _, group = stat.rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state != "Z":
+                return True
+    return False

@@ -6,10 +6,14 @@
   the body is sealed with the services' PUBLIC key (`FLEET_SECRETS_PUBLIC_KEY`, or derived from
   `FLEET_SECRETS_KEY`) under the secret name `llm-<profile>`; the profile holds that name only.
   The gateway can seal but never open, so nothing it returns can carry the key: a profile is
-  shown with `has_api_key`. `seed` and `server_kind` are taken and shown as stored (`prices`
-  are not settable here yet).
+  shown with `has_api_key`. `seed`, `server_kind` and `prices` are taken and shown as stored.
+  `prices` (money per million prompt and completion tokens) are what the budget charges each
+  call: LiteLLM's own cost map prices a local or custom model at 0, so without them a cost cap
+  never binds. A price is a finite number from 0 to `MAX_PRICE_PER_MTOK`, as JSON (a string,
+  a bool, NaN or infinity is refused with a 422 naming the field and the value).
 - `PATCH /api/v1/runtime/llm-profiles/{name}`: change fields or rotate the key (a new sealed
-  value under the same name, then the profile compare-and-set on its revision).
+  value under the same name, then the profile compare-and-set on its revision). `prices` is
+  merged: a price left out keeps its value.
 - `DELETE /api/v1/runtime/llm-profiles/{name}`: the profile and its sealed key.
 - `POST /api/v1/runtime/llm-profiles/{name}/test`: the agent's model probe on this profile
   (`agent.test_lm` with `profile`): the agent opens the key, the gateway never sees it.
@@ -19,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Request
 from nats.js.errors import KeyNotFoundError
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from fleet_events import bus, streams
 from fleet_events import llm as lm
@@ -36,6 +40,32 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 MAX_KEY_CHARS = 4096
 
+Price = Annotated[float, Field(ge=0, le=lm.MAX_PRICE_PER_MTOK, allow_inf_nan=False, strict=True)]
+"""Per million tokens; strict: "1.5" or true is a mistake to say, not a number to guess."""
+
+
+class PricesIn(BaseModel):
+    """Money per million tokens, in the tenant's budget currency; a price left out is 0."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt price must not be a silent 0
+
+    input_per_mtok: Price = 0.0
+    output_per_mtok: Price = 0.0
+
+
+class PricesPatch(BaseModel):
+    """The prices to change; one left out keeps its value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_per_mtok: Price | None = None
+    output_per_mtok: Price | None = None
+
+
+class Prices(BaseModel):
+    input_per_mtok: float
+    output_per_mtok: float
+
 
 class ProfileIn(BaseModel):
     name: str = Field(min_length=1, max_length=64)
@@ -50,6 +80,8 @@ class ProfileIn(BaseModel):
     """Sent with each request, for servers that sample reproducibly with one."""
     server_kind: lm.ServerKind = "generic"
     """`llama.cpp` for llama-cpp-python's server (token limit and output grammar sent its way)."""
+    prices: PricesIn = PricesIn()
+    """What the budget charges a call of this profile; free (0) unless given."""
 
 
 class ProfilePatch(BaseModel):
@@ -63,6 +95,8 @@ class ProfilePatch(BaseModel):
     """null clears it."""
     server_kind: lm.ServerKind | None = None
     """Leave it out to keep it; null is refused (a profile always has one)."""
+    prices: PricesPatch | None = None
+    """Merged into the stored prices; null is refused (0 is free)."""
 
 
 class Profile(BaseModel):
@@ -74,6 +108,7 @@ class Profile(BaseModel):
     temperature: float | None
     seed: int | None
     server_kind: lm.ServerKind
+    prices: Prices
     has_api_key: bool
     revision: int
 
@@ -96,7 +131,11 @@ def _shown(stored: StoredProfile) -> Profile:
     return Profile(
         name=p.name, model=p.model, api_base=p.api_base, timeout_s=p.timeout_s,
         max_tokens=p.max_tokens, temperature=p.temperature, seed=p.seed,
-        server_kind=p.server_kind, has_api_key=p.secret is not None, revision=stored.revision,
+        server_kind=p.server_kind,
+        prices=Prices(
+            input_per_mtok=p.prices.input_per_mtok, output_per_mtok=p.prices.output_per_mtok
+        ),
+        has_api_key=p.secret is not None, revision=stored.revision,
     )  # fmt: skip
 
 
@@ -194,7 +233,7 @@ async def create_profile(
         draft = lm.LlmProfile(
             name=body.name, model=body.model, api_base=body.api_base, timeout_s=body.timeout_s,
             max_tokens=body.max_tokens, temperature=body.temperature, seed=body.seed,
-            server_kind=body.server_kind,
+            server_kind=body.server_kind, prices=lm.Prices(**body.prices.model_dump()),
         )  # fmt: skip
         lm.check_profile(draft)
     except lm.InvalidProfile as exc:
@@ -209,7 +248,28 @@ async def create_profile(
     return _shown(await _put(config, profile, tenant, expect=0))
 
 
-def _fields(profile: lm.LlmProfile) -> dict[str, Any]:
+def _patched_prices(stored: lm.Prices, patch: PricesPatch | None) -> lm.Prices:
+    """The stored prices with the patch's over them. A null is refused, not read as 0: free
+    is said with 0, and a null that zeroes a price would lift every cost cap on it."""
+    if patch is None:
+        raise _null_price("prices")
+    given = patch.model_dump(exclude_unset=True)
+    for name, value in given.items():
+        if value is None:
+            raise _null_price(f"prices.{name}")
+    return lm.Prices(**{**_fields(stored), **given})
+
+
+def _null_price(field: str) -> ApiError:
+    return ApiError(
+        422, "invalid_request",
+        f"body field {field!r} cannot be null: give a price per million tokens from 0 to "
+        f"{lm.MAX_PRICE_PER_MTOK:g} (0 is free), or leave it out to keep the stored one",
+        details={"field": field},
+    )  # fmt: skip
+
+
+def _fields(profile: lm.LlmProfile | lm.Prices) -> dict[str, Any]:
     return {f: getattr(profile, f) for f in profile.__struct_fields__}
 
 
@@ -219,7 +279,9 @@ async def patch_profile(
 ) -> Profile:
     config, js = await _stores(request)
     stored = await _get(config, name, tenant)
-    changes = body.model_dump(exclude_unset=True, exclude={"api_key"})
+    changes = body.model_dump(exclude_unset=True, exclude={"api_key", "prices"})
+    if "prices" in body.model_fields_set:
+        changes["prices"] = _patched_prices(stored.profile.prices, body.prices)
     try:
         updated = lm.LlmProfile(**{**_fields(stored.profile), **changes})
         lm.check_profile(updated)

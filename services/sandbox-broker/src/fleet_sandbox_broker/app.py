@@ -57,6 +57,8 @@ async def setup(ctx: service.ServiceContext, settings: BrokerSettings | None = N
     def details() -> dict[str, Any]:
         found: dict[str, Any] = {
             "sandboxes": len(broker.held), "warm": broker.pool.ready,
+            # a take shows here for good, where `warm` may be refilled before anyone looks
+            "warm_started": broker.pool.refills,
             "providers": sorted(providers),
         }  # fmt: skip
         for name, report in health.items():

@@ -126,13 +126,22 @@ async def test_ready_reports_a_hung_service_as_down_with_503(start_mesh: StartMe
     finally:
         await nc.close()
     os.kill(quality.pid, signal.SIGSTOP)  # alive to the supervisor, silent on the bus
-    try:
+
+    async def quality_alone_down() -> httpx.Response | None:
+        """Each probe has the gateway's 0.5 s deadline: on a loaded machine a live service can
+        miss it once, so one answer naming it too is load, not the hung service; the next one
+        must name quality alone."""
         response = await asyncio.to_thread(mesh.ready)
+        down = [c["name"] for c in response.json()["components"] if c["state"] == "down"]
+        return response if down == ["quality"] else None
+
+    try:
+        response = await eventually(
+            quality_alone_down, timeout=30, what="/ready naming quality alone as down"
+        )
         assert response.status_code == 503
         components = {c["name"]: c for c in response.json()["components"]}
-        assert components["quality"]["state"] == "down"
         assert "no answer within" in components["quality"]["detail"]
-        assert [n for n, c in components.items() if c["state"] == "down"] == ["quality"]
     finally:
         os.kill(quality.pid, signal.SIGCONT)
     await ready(mesh)

@@ -32,8 +32,7 @@ async def ready(mesh: Mesh) -> dict[str, dict[str, object]]:
 
     async def probe() -> httpx.Response | None:
         assert mesh.process.poll() is None, f"fleet up exited:\n{mesh.printed()}"
-        async with httpx.AsyncClient(timeout=5) as client:
-            response = await client.get(f"{mesh.gateway}/ready")
+        response = await asyncio.to_thread(mesh.ready)  # with the operator's token, once made
         last[0] = f"{response.status_code} {response.text}"
         return response if response.status_code == 200 else None
 

@@ -1,12 +1,15 @@
 """`/health` and `/ready` of the gateway app, mounted in-process against a real nats-server.
 
 The other services' pings are answered by the test itself (the same `Pong` a service gives), so
-each case controls exactly which component is up; `tests/e2e` covers the real processes.
+each case controls exactly which component is up; `tests/e2e` covers the real processes. The
+client sends an admin's token, as the details asserted here are shown to an admin only
+(`test_ready_detail.py` is what anyone else sees).
 """
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +20,7 @@ from fleet_events import bus as verbs
 from fleet_events import streams, subjects
 from fleet_events.bus import Ping, Pong
 from fleet_gateway.app import create_app
+from fleet_gateway.auth import issue_token, signing_secret
 from fleet_gateway.config import GatewaySettings
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
@@ -29,16 +33,20 @@ Gateway = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 
 @pytest.fixture
-def gateway() -> Gateway:
+def gateway(tmp_path: Path) -> Gateway:
     @asynccontextmanager
     async def mounted(
         nats_url: str, probe_timeout_s: float = 0.3
     ) -> AsyncIterator[httpx.AsyncClient]:
-        settings = GatewaySettings(probe_timeout_s=probe_timeout_s)
+        settings = GatewaySettings(probe_timeout_s=probe_timeout_s, data_dir=tmp_path)
         app = create_app(settings, replica="gateway-test", nats_url=nats_url)
+        admin = issue_token(signing_secret(tmp_path), tenant="ops", user="ops", admin=True)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://gateway",
+                headers={"Authorization": f"Bearer {admin}"},
+            ) as client:  # fmt: skip
                 yield client
 
     return mounted

@@ -29,12 +29,12 @@ from fleet_gateway.config import GatewaySettings
 from fleet_gateway.limits import BodyLimit
 from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_gateway.quotas import UploadQuota
-from fleet_gateway.readiness import Readiness, check
 from fleet_gateway.routes import audit as audit_routes
 from fleet_gateway.routes import auth as auth_routes
 from fleet_gateway.routes import daytona as daytona_routes
 from fleet_gateway.routes import documents as document_routes
 from fleet_gateway.routes import llm_profiles as llm_profile_routes
+from fleet_gateway.routes import probes as probe_routes
 from fleet_gateway.routes import runtime as runtime_routes
 from fleet_gateway.routes import sandboxes as sandbox_routes
 from fleet_gateway.routes import sessions as session_routes
@@ -101,19 +101,9 @@ def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app.include_router(llm_profile_routes.roles_router)
     app.include_router(sandbox_routes.router)
     app.include_router(daytona_routes.router)
+    app.include_router(probe_routes.router)
     state.body_limits.update(transfer_routes.BODY_LIMITS | document_routes.BODY_LIMITS)
     document = asyncapi()  # the catalog is fixed for the life of the process
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        """The process is alive and serving HTTP; says nothing about its dependencies."""
-        return {"status": "ok", "service": SERVICE, "replica": state.replica}
-
-    @app.get("/ready", response_model=Readiness)
-    async def ready() -> JSONResponse:
-        settings = state.settings
-        report = await check(state.nc, settings.services, settings.probe_timeout_s)
-        return JSONResponse(report.model_dump(), status_code=200 if report.ready else 503)
 
     @app.get("/asyncapi.json")
     async def bus_document() -> JSONResponse:

@@ -27,7 +27,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
-from fleet_agent.chat.runner import ChatFailed, ChatOptions, ChatRunner
+from fleet_agent.chat.runner import ChatOptions, ChatRunner
 from fleet_agent.chat.tools import TurnState
 from fleet_agent.chat.urls import UrlLoader, public_only
 from fleet_agent.engine.mesh import MeshPool
@@ -407,8 +407,9 @@ async def test_a_failed_react_step_falls_back_to_cot_which_does_not_escalate_aga
 async def test_cot_failing_fails_the_run_with_its_reason(chat: Chat) -> None:
     with ScriptedLM([Reply("down", status=500)]) as fake:
         await chat.open(fake)
-        with pytest.raises(ChatFailed):
-            await chat.turn("What is two plus two?")
+        _, outcome = await chat.turn("What is two plus two?")
+    assert isinstance(outcome, Failed)  # a model call's failure: its kind (test_llm_failures)
+    assert (outcome.code, outcome.retryable) == ("llm_unavailable", True)
     turn_events = [e for e in await chat.log() if isinstance(e, TurnRequested)]
     assert len(turn_events) == 1
     run_failed = []
@@ -416,7 +417,7 @@ async def test_cot_failing_fails_the_run_with_its_reason(chat: Chat) -> None:
         if isinstance(event, RunFailed):
             run_failed.append(event)
     assert len(run_failed) == 1
-    assert run_failed[0].error.startswith("LmCallFailed")
+    assert (run_failed[0].reason, run_failed[0].error) == ("llm_unavailable", outcome.error)
 
 
 async def test_a_clarification_round_trip(chat: Chat) -> None:

@@ -47,6 +47,9 @@ class RecordedCall:
     cell: str
     role: str
     error: str = ""
+    error_code: str = ""
+    retried: bool = False
+    """It failed and was asked again (the next call with its digest is the retry)."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,7 @@ def _call(event: LlmCalled) -> RecordedCall:
     return RecordedCall(
         index=event.index, call_id=event.call_id, request_hash=event.request_hash,
         response=event.response, kind=event.request_kind, cell=event.cell, role=event.role,
-        error=event.error,
+        error=event.error, error_code=event.error_code, retried=event.retry_in_s > 0,
     )  # fmt: skip
 
 

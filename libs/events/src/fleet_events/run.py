@@ -151,6 +151,12 @@ class LlmCalled(Event, frozen=True, kw_only=True, tag="run.llm_called"):
     response: str | BlobRef = ""
     request_hash: str = ""
     error: str = ""
+    error_code: str = ""
+    """What kind of failure `error` is, for programs (`llm_rate_limited`, `llm_auth_failed`,
+    ...; `fleet_agent.llm_failures`); empty for a call that answered."""
+    retry_in_s: float = 0.0
+    """A failed call the LM asked again after this wait (a rate limit's `Retry-After`): the
+    retry is the next `run.llm_called` with the same `request_hash`."""
     cell: str = ""
     cached: bool = False
     recorded: bool = False

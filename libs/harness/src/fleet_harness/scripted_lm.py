@@ -10,7 +10,11 @@ test can count and hold calls at the place they happen:
 - `calls[key]` counts requests per script key (the crash tests assert no call was repeated);
 - a reply can wait at a **gate** until the test releases it, so a test can SIGKILL a replica at
   a known point without guessing a time;
-- `latency_s` delays every reply by a fixed time, for benchmarks.
+- `latency_s` delays every reply by a fixed time, for benchmarks;
+- a reply can fail the way providers fail: any HTTP `status` with an OpenAI-shaped error body
+  (its `error_code`, e.g. `context_length_exceeded`), a `Retry-After` header (`retry_after`), or
+  no answer at all (`hang`: the request stays open until the fake stops, so the client's own
+  timeout is what ends the call).
 """
 
 import asyncio
@@ -36,7 +40,9 @@ from starlette.routing import Route
 @dataclass(frozen=True)
 class Reply:
     """What the fake answers. `key` names the call for counting and gates (default: the last
-    user message); `status` other than 200 answers an OpenAI-shaped error instead."""
+    user message); `status` other than 200 answers an OpenAI-shaped error instead, with
+    `error_code` as its code and, when `retry_after` is set, a `Retry-After` header (seconds);
+    `hang` never answers (the client times out; the fake's `stop()` ends the request)."""
 
     text: str
     key: str | None = None
@@ -45,6 +51,9 @@ class Reply:
     gate: str | None = None
     status: int = 200
     finish_reason: str = "stop"
+    error_code: str = "scripted_error"
+    retry_after: float | None = None
+    hang: bool = False
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,8 @@ class ScriptedLM:
         self.requests: list[ScriptedRequest] = []
         self.refused_auth = 0
         self._gates: dict[str, Gate] = {}
+        self._stopping = threading.Event()
+        """Set by `stop()`: what a `hang` reply waits for, so no request outlives the fake."""
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -205,6 +216,7 @@ class ScriptedLM:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         for gate in list(self._gates.values()):
             gate.release()
         if self._server is not None:
@@ -254,8 +266,12 @@ class ScriptedLM:
             await asyncio.to_thread(gate.released.wait)
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
+        if reply.hang:
+            await asyncio.to_thread(self._stopping.wait)
+            return _error(503, "scripted_error", "scripted LM (a fake): stopped while hanging")
         if reply.status != 200:
-            return _error(reply.status, "scripted_error", reply.text)
+            headers = {} if reply.retry_after is None else {"Retry-After": f"{reply.retry_after:g}"}
+            return _error(reply.status, reply.error_code, reply.text, headers)
         usage = {
             "prompt_tokens": reply.prompt_tokens
             if reply.prompt_tokens is not None
@@ -319,9 +335,13 @@ class ScriptedLM:
         yield b"data: [DONE]\n\n"
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(
-        {"error": {"message": message, "type": code, "code": code}}, status_code=status
+        {"error": {"message": message, "type": code, "code": code}},
+        status_code=status,
+        headers=headers,
     )
 
 

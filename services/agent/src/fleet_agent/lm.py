@@ -14,7 +14,11 @@ Response`), so this is a pair of dspy engines behind an ordinary `dspy.LM`. For 
    arrives (`fleet_agent.answer_stream`): the run publishes it on the session's live subject,
    while the recorded call still holds the whole response;
 4. record usage (`budget.usage`), failed calls included, at the profile's prices, and hand an
-   `LlmCalled` event to `on_call` for the run engine to append.
+   `LlmCalled` event to `on_call` for the run engine to append;
+5. a failed call raises `LmCallFailed` naming its kind (`fleet_agent.llm_failures`: the code,
+   whether asking again may help, what to do), recorded as the call's `error_code`; a rate
+   limit with a short `Retry-After` is asked again after that wait, as a call of its own
+   (steps 2 to 4 again), at most `RATE_LIMIT_RETRIES` times and never past the run's deadline.
 
 The key is passed to LiteLLM explicitly on every call, a placeholder when the profile has
 none, so LiteLLM never falls back to a provider key in the host environment (which it would
@@ -34,6 +38,7 @@ from typing import Any, Literal, Protocol, TypeVar
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: never fetch the map
 
 import dspy
+import stamina
 from dspy.clients.engines.litellm_engine import LiteLLMEngine
 from dspy.clients.lm15_boundary import request_kwargs
 from dspy.lm15 import Request, Response, materialize_response
@@ -41,6 +46,7 @@ from dspy.utils.exceptions import LMConfigurationError, LMError
 from nats.aio.client import Client
 
 from fleet_agent.answer_stream import FieldStream
+from fleet_agent.llm_failures import RATE_LIMIT_RETRIES, CallSite, LlmFailure, classify, retry_wait
 from fleet_agent.llm_wire import for_server, output_fields
 from fleet_events import bus
 from fleet_events.budget import (
@@ -85,9 +91,51 @@ class BudgetSpent(LMError):  # type: ignore[misc]
 
 
 class LmCallFailed(LMError):  # type: ignore[misc]
-    """The model call failed; the message is the provider's, with any key scrubbed out."""
+    """The model call failed. With `failure` (a provider's answer, or none), the message starts
+    with its code and says what to do, then what the provider said with any key scrubbed out:
+    code reading it in a cell (`llm_query`) or ReAct's observation can tell a refused key
+    from a rate limit. `retry_in_s`: the LM asks again after this wait (0: it does not)."""
 
     default_code = "provider"
+
+    def __init__(
+        self, message: str, failure: LlmFailure | None = None, retry_in_s: float = 0.0
+    ) -> None:
+        shown = message
+        if failure is not None:
+            shown = f"{failure.code}: {failure.message}"
+            shown += f" (the provider said: {message})" if message else ""
+        super().__init__(shown, code=failure.code if failure else None)
+        self.failure = failure
+        self.retry_in_s = retry_in_s
+
+
+def failure_of(exc: BaseException) -> LlmFailure | None:
+    """The model call's failure that ended this, if one did (dspy may raise it as is, or as
+    the cause of its own error)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, LmCallFailed) and seen.failure is not None:
+            return seen.failure
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def call_site(profile: LlmProfile, role: str) -> CallSite:
+    """What a failure's message may name of the call: the profile, never its key."""
+    return CallSite(
+        profile=profile.name, model=profile.model, role=role, secret=profile.secret,
+        api_base=profile.api_base, timeout_s=profile.timeout_s,
+    )  # fmt: skip
+
+
+def _retry_hook(exc: Exception) -> bool | float:
+    """stamina's hook: only what `_attempt` decided to ask again, after the wait it chose."""
+    if isinstance(exc, LmCallFailed) and exc.retry_in_s > 0:
+        return exc.retry_in_s
+    return False
 
 
 class LmNotConfigured(LMConfigurationError):  # type: ignore[misc]
@@ -177,7 +225,10 @@ class BudgetedEngine:
         on_delta: OnDelta | None = None,
         grant_id: Callable[[], str] = new_id,
         deadline_s: float = CLIENT_DEADLINE_S,
+        run_deadline: float | None = None,
     ) -> None:
+        """`deadline_s`: the budget client's deadline per request; `run_deadline`: the
+        run's own (epoch seconds, None for none), which no retry waits past."""
         self.runner = runner
         self.services = services
         self.scope = scope
@@ -185,6 +236,7 @@ class BudgetedEngine:
         self.on_delta = on_delta
         self.grant_id = grant_id
         self.deadline_s = deadline_s
+        self.run_deadline = run_deadline
 
     # -- mesh steps, run on the runner's loop ----------------------------------------------
 
@@ -240,7 +292,18 @@ class BudgetedEngine:
 
     def complete(self, request: Request) -> Response:
         stored, api_key = self.runner.run(self._resolve(), timeout=30)
-        profile = stored.profile
+        request = _with_profile_limits(request, stored.profile)
+        for attempt in stamina.retry_context(
+            on=_retry_hook, attempts=RATE_LIMIT_RETRIES + 1, timeout=None
+        ):
+            with attempt:  # attempt.num counts from 1: the retries made before this one
+                return self._attempt(request, stored.profile, api_key, attempt.num - 1)
+        raise AssertionError("unreachable: stamina re-raises the last attempt's error")
+
+    def _attempt(
+        self, request: Request, profile: LlmProfile, api_key: str, retries: int
+    ) -> Response:
+        """One granted, recorded provider call; a failure raises `LmCallFailed`."""
         grant_id = self.grant_id()
         reply = self.runner.run(self._grant(grant_id), timeout=self.deadline_s + 5)
         if not reply.granted:
@@ -248,11 +311,12 @@ class BudgetedEngine:
             if not message.startswith("budget spent"):
                 message = f"budget spent: {message}"
             raise BudgetSpent(message)
-        request = _with_profile_limits(request, profile)
         messages, params = _messages(request)
         started = time.monotonic()
         response: Response | None = None
         error = ""
+        failure: LlmFailure | None = None
+        answered = _Answered()
         try:
             engine = LiteLLMEngine(
                 api_key=api_key,
@@ -261,12 +325,17 @@ class BudgetedEngine:
                 wire_model=profile.model,
             )
             if self.on_delta is not None and _streams_answer(request):
-                response = self._streamed(engine, request, self.on_delta)
+                response = self._streamed(engine, request, self.on_delta, answered)
             else:
                 response = engine.complete(request)
         except Exception as exc:
             error = scrub(f"{type(exc).__name__}: {exc}", api_key)
+            failure = classify(exc, call_site(profile, self.scope.role))
         latency_ms = (time.monotonic() - started) * 1000
+        wait = None
+        if failure is not None and not answered.any:  # a half-streamed answer is not re-asked
+            left = None if self.run_deadline is None else self.run_deadline - time.time()
+            wait = retry_wait(failure, retries, left)
         prompt = (response.usage.input_tokens or 0) if response else 0
         completion = (response.usage.output_tokens or 0) if response else 0
         spent = cost(profile.prices, prompt, completion)
@@ -301,19 +370,29 @@ class BudgetedEngine:
                     response=_text(response) if response else "",
                     request_hash=request_digest(profile.model, messages, params),
                     error=error,
+                    error_code=failure.code if failure else "",
+                    retry_in_s=wait or 0.0,
                 )
             )
         if response is None:
-            raise LmCallFailed(error)
+            if failure is not None:
+                log.warning(
+                    "model call failed",
+                    extra={"code": failure.code, "profile": profile.name, "retry_in_s": wait},
+                )
+            raise LmCallFailed(error, failure, retry_in_s=wait or 0.0)
         return response
 
-    def _streamed(self, engine: LiteLLMEngine, request: Request, on_delta: OnDelta) -> Response:
+    def _streamed(
+        self, engine: LiteLLMEngine, request: Request, on_delta: OnDelta, answered: "_Answered"
+    ) -> Response:
         """The whole response, assembled from the stream while the answer's text goes out."""
         field = FieldStream(STREAMED_FIELD)
 
         def send(text: str) -> None:
             if not text:
                 return
+            answered.any = True
             try:
                 on_delta(ANSWER_DELTA, text)
             except Exception:  # a preview lost is a preview lost; the call goes on
@@ -336,6 +415,12 @@ class BudgetedEngine:
 
     def close(self) -> None:
         pass
+
+
+class _Answered:
+    """Whether any of the answer went out as a delta (a call that did is not asked again)."""
+
+    any = False
 
 
 class AsyncBudgetedEngine:
@@ -363,6 +448,7 @@ def budgeted_lm(
     on_call: Callable[[LlmCalled], object] | None = None,
     on_delta: OnDelta | None = None,
     grant_id: Callable[[], str] = new_id,
+    run_deadline: float | None = None,
 ) -> Any:
     """A `dspy.LM` whose every call is granted, made with the role's profile, and recorded.
 
@@ -372,8 +458,9 @@ def budgeted_lm(
     has one goes to it as it streams in (`assistant_token` deltas).
     """
     engine = BudgetedEngine(
-        runner, services, scope, on_call=on_call, on_delta=on_delta, grant_id=grant_id
-    )
+        runner, services, scope, on_call=on_call, on_delta=on_delta, grant_id=grant_id,
+        run_deadline=run_deadline,
+    )  # fmt: skip
     return dspy.LM(
         f"openai/fleet-{scope.role}",
         engine=engine,
@@ -396,5 +483,7 @@ __all__ = [
     "OnDelta",
     "Runner",
     "budgeted_lm",
+    "call_site",
+    "failure_of",
     "scrub",
 ]

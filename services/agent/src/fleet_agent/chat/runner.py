@@ -14,6 +14,11 @@ on from its record (`chat.resume.crashed`): ReAct's trajectory rebuilt up to the
 with a result, recorded model calls not asked again, the one tool call in flight run again
 under its recorded id, an escalation to the RLM resumed through the engine's own resume
 (docs/turns.md, "Which step repeats").
+
+A model call's failure ends the turn as `Failed` with the call's kind (`llm_failures`): the
+code, the flag and a message naming the profile and model; the RLM route's run carries the
+kind in its result. A kind no other module can get past (a refused key, a rate limit, an
+unreachable server) ends the turn at once instead of falling back to ask the same model again.
 """
 
 import asyncio
@@ -51,7 +56,8 @@ from fleet_agent.engine.rlm import run_rlm
 from fleet_agent.engine.runner import child_run_consumer, session_sandbox
 from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
-from fleet_agent.lm import CallScope, LmNotConfigured, budgeted_lm
+from fleet_agent.llm_failures import LLM_FAILURES, NO_FALLBACK
+from fleet_agent.lm import CallScope, LmNotConfigured, budgeted_lm, failure_of
 from fleet_agent.runners import Answered, CancelToken, Failed, Parked, Stopped, TurnInput
 from fleet_agent.session_state import FOLD, SessionState, history, skipped_line
 from fleet_events import Event, bus, streams
@@ -142,6 +148,22 @@ def not_configured_message(exc: LmNotConfigured) -> str:
         "model; or store an LLM profile and bind the planner role to it (docs/llm.md). "
         "FLEET_AGENT_RUNNER=echo runs turns with no model at all"
     )
+
+
+def llm_failed(exc: BaseException) -> Failed | None:
+    """How the turn ends when a model call's failure ended the run (None: it did not)."""
+    failure = failure_of(exc)
+    if failure is not None:
+        return Failed(failure.message, code=failure.code, retryable=failure.retryable)
+    if isinstance(exc, RlmRouteFailed) and exc.code in LLM_FAILURES:
+        return Failed(str(exc), code=exc.code, retryable=exc.retryable)
+    return None
+
+
+def _falls_back(exc: BaseException) -> bool:
+    """May a cheaper module get past this? Not a failure that asks the same server again."""
+    ended = llm_failed(exc)
+    return ended is None or ended.code not in NO_FALLBACK
 
 
 def _why(exc: BaseException) -> str:
@@ -562,7 +584,7 @@ class TurnRun:
         return budgeted_lm(
             ctx.mesh.bus, ctx.mesh.lm, scope,
             on_call=self.recorder.on_llm_call, on_delta=self.recorder.live,
-            grant_id=self.next_grant_id,
+            grant_id=self.next_grant_id, run_deadline=ctx.deadline,
         )  # fmt: skip
 
     @property
@@ -619,7 +641,7 @@ class TurnRun:
         if result.status == "cancelled":
             raise RunCancelledError(self.ctx.cancel.reason)
         if result.status != "completed":
-            raise RlmRouteFailed(result.error or result.status)
+            raise RlmRouteFailed(result.error or result.status, result.code, result.retryable)
         return result.answer
 
     # -- the turn --------------------------------------------------------------------------
@@ -664,6 +686,12 @@ class TurnRun:
             if missing is not None:  # no model to ask: say what to configure, not a type name
                 self.recorder.record(RunFailed(error=_why(missing), reason=NOT_CONFIGURED))
                 return Failed(not_configured_message(missing), code=NOT_CONFIGURED)
+            ended = llm_failed(exc)
+            if ended is not None:  # a model call failed: its kind, and what to do about it
+                self.recorder.record(
+                    RunFailed(error=ended.error, reason=ended.code, retryable=ended.retryable)
+                )
+                return ended
             self.recorder.record(RunFailed(error=_why(exc), reason=type(exc).__name__))
             raise ChatFailed(f"the chat run failed: {_why(exc)}") from exc
 
@@ -730,6 +758,8 @@ class TurnRun:
                 f"the chat agent has no language model to answer with ({end.error})",
                 code=NOT_CONFIGURED,
             )
+        if isinstance(end, RunFailed) and end.reason in LLM_FAILURES:
+            return Failed(end.error, code=end.reason, retryable=end.retryable)
         raise ChatFailed(f"the chat run failed: {getattr(end, 'error', type(end).__name__)}")
 
     def _modules(self, point: Crashed | None = None) -> tuple[str, str]:
@@ -770,7 +800,7 @@ class TurnRun:
                 raise
             except Exception as exc:
                 lower = escalation.fallback_from(module, self.mode)
-                if lower is None:
+                if lower is None or not _falls_back(exc):
                     raise
                 log.warning(
                     "chat module failed: falling back",
@@ -791,7 +821,13 @@ class TurnRun:
 
 
 class RlmRouteFailed(RuntimeError):
-    """The RLM route's run ended without an answer (its own record says why)."""
+    """The RLM route's run ended without an answer (its own record says why); `code` is a
+    model call's kind when one ended it."""
+
+    def __init__(self, message: str, code: str = "", retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable
 
 
 __all__ = ["ChatFailed", "ChatOptions", "ChatRunner", "chat_runner", "load_session"]

@@ -6,7 +6,9 @@ as sent, after `lm._with_profile_limits`, the same function the budgeted LM send
 and when an unused recorded call has that digest it answers with the recorded response: no
 grant, no provider call, no usage, nothing appended (the record holds the call already). A
 call with no recorded match goes to the budgeted LM, whose grant id comes from the recorder,
-past every recorded index, so a live call never takes a recorded call's key.
+past every recorded index, so a live call never takes a recorded call's key. A recorded
+failure the LM asked again (`retry_in_s`) is passed over for the retry recorded after it; one
+that ended the call raises again with its recorded kind.
 """
 
 import asyncio
@@ -17,7 +19,14 @@ from dspy.lm15 import Request, Response
 
 from fleet_agent.engine.recorder import RunRecorder
 from fleet_agent.engine.resume import Resume
-from fleet_agent.lm import BudgetedEngine, LmCallFailed, _messages, _with_profile_limits
+from fleet_agent.llm_failures import LLM_FAILURES, LlmFailure
+from fleet_agent.lm import (
+    BudgetedEngine,
+    LmCallFailed,
+    _messages,
+    _with_profile_limits,
+    call_site,
+)
 from fleet_events.run import request_digest
 
 
@@ -35,12 +44,19 @@ class JournalEngine:
         stored, _ = self.inner.runner.run(self.inner._resolve(), timeout=30)
         model = stored.profile.model
         messages, params = _messages(_with_profile_limits(request, stored.profile))
-        call = self.resume.take_call(request_digest(model, messages, params))
+        digest = request_digest(model, messages, params)
+        call = self.resume.take_call(digest)
+        while call is not None and call.retried:  # the LM asked again: the retry answers
+            self.recorder.reused_call(call.call_id, call.kind)
+            call = self.resume.take_call(digest)
         if call is None:
             return self.inner.complete(request)
         self.recorder.reused_call(call.call_id, call.kind)
-        if call.error:
-            raise LmCallFailed(call.error)  # the recorded call failed: it fails the same way
+        if call.error:  # the recorded call failed: it fails the same way, of the same kind
+            known = call.error_code in LLM_FAILURES
+            site = call_site(stored.profile, self.inner.scope.role)
+            failure = LlmFailure(code=call.error_code, site=site) if known else None
+            raise LmCallFailed(call.error, failure)
         return self.resume.response(call, model)
 
     def stream(self, request: Request) -> Any:

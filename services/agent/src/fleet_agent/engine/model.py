@@ -231,6 +231,8 @@ class RlmResult:
     retryable: bool = False
     fenced: bool = False
     """Another holder appended to the run: this replica recorded nothing more."""
+    code: str = ""
+    """Why a failed run failed, for programs: a model call's kind (`llm_failures`), or ""."""
 
 
 class RunFenced(RuntimeError):

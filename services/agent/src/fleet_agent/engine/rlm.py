@@ -50,7 +50,8 @@ from fleet_agent.engine.model import (
 from fleet_agent.engine.recorder import INLINE_BYTES, TOOL_CALL, RunRecorder
 from fleet_agent.engine.resume import Resume, load_journal, recorded_answer
 from fleet_agent.interpreter import EXECUTION_INSTRUCTIONS, RemoteInterpreter
-from fleet_agent.lm import CallScope, budgeted_lm
+from fleet_agent.llm_failures import LLM_FAILURES
+from fleet_agent.lm import CallScope, budgeted_lm, failure_of
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import bus as verbs
 from fleet_events import new_id
@@ -481,6 +482,15 @@ async def run_rlm(
         )
     except Exception as exc:
         log.exception("rlm run failed", extra={"run": ctx.run})
+        failure = failure_of(exc)
+        if failure is not None:  # a model call ended it: its kind, and what to do about it
+            failed = RunFailed(
+                error=failure.message, reason=failure.code, retryable=failure.retryable
+            )
+            return await _end(
+                recorder, hooks, failed, status="failed", error=failure.message,
+                retry=failure.retryable, code=failure.code,
+            )  # fmt: skip
         error = f"{type(exc).__name__}: {exc}"[:2000]
         return await _end(
             recorder,
@@ -517,9 +527,10 @@ def _from_record(journal: Journal, head: str) -> RlmResult:
         )  # fmt: skip
     error = end.error if isinstance(end, RunFailed) else "the run ended"
     retryable = end.retryable if isinstance(end, RunFailed) else False
+    reason = end.reason if isinstance(end, RunFailed) else ""
     return RlmResult(
         status="failed", error=error, head_hash=head, retryable=retryable, llm_calls=calls,
-        iterations=iterations,
+        iterations=iterations, code=reason if reason in LLM_FAILURES else "",
     )  # fmt: skip
 
 
@@ -610,6 +621,7 @@ def _forward(
         budgeted = budgeted_lm(
             mesh.bus, mesh.lm, scope, on_call=recorder.on_llm_call,
             on_delta=recorder.live if streams else None, grant_id=recorder.next_grant_id,
+            run_deadline=ctx.deadline,
         )  # fmt: skip
         return journal_lm(budgeted, hooks.resume, recorder) if hooks.resume.active else budgeted
 

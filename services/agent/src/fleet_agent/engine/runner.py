@@ -12,7 +12,9 @@ the run subject attempt 1 wrote, and `run_rlm` continues from its record (`engin
 recorded model responses and cells are reused, only the step in flight runs again. Where the
 record cannot be continued (the session's sandbox was replaced: its REPL state is gone) the
 run ends `run.failed` (`sandbox_lost`) and the turn `TurnFailed(retryable=True,
-code="sandbox_lost")`.
+code="sandbox_lost")`. A run ended by a model call's failure ends the turn with that call's
+kind (`llm_rate_limited`, `llm_auth_failed`, ...: `fleet_agent.llm_failures`), its flag and
+its message, which name the profile and model and say what to do.
 """
 
 import asyncio
@@ -35,7 +37,7 @@ from fleet_agent.engine.model import (
 from fleet_agent.engine.rlm import SANDBOX_LOST, run_rlm
 from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
-from fleet_agent.runners import Answered, CancelToken, Stopped, TurnInput
+from fleet_agent.runners import Answered, CancelToken, Failed, Stopped, TurnInput
 from fleet_agent.session_state import FOLD, SessionState
 from fleet_events import Envelope, bus, new_id, streams, utc_now
 from fleet_events import sandbox as sb
@@ -70,7 +72,7 @@ class RlmTurnRunner:
         self._task = task
         self._deadline_s = deadline_s
 
-    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped:
+    async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped | Failed:
         mesh = await self._pool.get(turn.tenant)
         tree = tree_id(turn.tenant, turn.session, turn.turn)
         run = root_run_id(turn.tenant, turn.session, turn.turn)
@@ -104,6 +106,8 @@ class RlmTurnRunner:
             return Answered(result.answer, root_head_hash=result.head_hash)
         if result.status == "cancelled":
             return Stopped(result.answer)
+        if result.code:  # a model call's failure: safe to state (no provider text in it)
+            return Failed(result.error, code=result.code, retryable=result.retryable)
         lost = result.error == SANDBOX_LOST
         raise RlmRunFailed(result.error, code="sandbox_lost" if lost else "runner_error")
 

@@ -125,9 +125,29 @@ TURN_REFUSALS = ("busy", "session_deleted", "malformed")
 """Why a turn was refused: another turn of the session is running; the session is deleted;
 the request cannot be run as stored (its turn id is missing or not a subject-safe token)."""
 
-TURN_FAILURES = ("runner_error", "replica_lost", "poison")
-"""`runner_error`: the agent raised; `replica_lost`: the replica running it stopped and the
-runner cannot resume; `poison`: its work item was delivered `max_attempts` times, never ending."""
+TURN_FAILURES = (
+    "runner_error",
+    "replica_lost",
+    "poison",
+    "sandbox_lost",
+    "llm_not_configured",
+    "llm_timeout",
+    "llm_rate_limited",
+    "llm_quota_exceeded",
+    "llm_auth_failed",
+    "llm_unreachable",
+    "llm_unavailable",
+    "llm_context_exceeded",
+    "llm_model_not_found",
+    "llm_bad_request",
+    "llm_error",
+)
+"""Every `TurnFailed.code` the agent writes (a client switches on them; a test holds the agent's
+codes to this list). `runner_error`: the agent raised; `replica_lost`: the replica running it
+stopped and the runner cannot resume; `poison`: its work item was delivered `max_attempts`
+times, never ending; `sandbox_lost`: the run's sandbox went away and a later attempt found it
+gone; `llm_not_configured`: no model is bound to the role the turn needs; `llm_*`: a model
+call failed, by kind (docs/turns.md, "When the model call fails")."""
 
 
 class TurnRefused(Event, frozen=True, kw_only=True, tag="turn.refused"):

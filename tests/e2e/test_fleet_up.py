@@ -76,6 +76,10 @@ async def test_fleet_up_from_a_clean_state_reaches_ready_with_every_component_up
     out, _ = await asyncio.wait_for(status.communicate(), 30)
     assert status.returncode == 0, out.decode()
     assert ": ready" in out.decode()
+    # the detail an anonymous caller is not shown: fleet status sends the mesh's own token
+    replicas = {str(c["replica"]) for c in components.values() if c.get("replica")}
+    assert replicas
+    assert [r for r in sorted(replicas) if r not in out.decode()] == [], out.decode()
 
 
 async def test_sigterm_to_fleet_up_stops_everything_and_leaves_no_process_behind(

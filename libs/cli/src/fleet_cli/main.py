@@ -152,13 +152,17 @@ async def _announce(
     """Once the processes are up, wait for /ready and print the URL (or why it is not)."""
     from fleet_cli import display
     from fleet_cli.mesh import gateway_dir
-    from fleet_cli.status import wait_ready
+    from fleet_cli.status import admin_token, ask, wait_ready
     from fleet_gateway.auth import dev_token
 
     await started.wait()
     answer = await wait_ready(options.gateway_url, ready_timeout)
     if stop.is_set():
         return
+    token = admin_token(options.data_dir)
+    if token is not None and answer.status_code is not None:  # the detail, for the table
+        detailed = await ask(options.gateway_url, token=token)
+        answer = detailed if detailed.status_code is not None else answer
     console.print(display.components(answer))
     if answer.ready:
         console.print(f"[bold green]fleet is ready:[/] {options.gateway_url}")
@@ -183,9 +187,12 @@ def status_command(
     import asyncio
 
     from fleet_cli import display
-    from fleet_cli.status import ask, gateway_url
+    from fleet_cli.status import admin_token, ask, gateway_url
 
-    answer = asyncio.run(ask(gateway_url(data_dir.resolve(), url)))
+    local = gateway_url(data_dir.resolve(), None)
+    target = gateway_url(data_dir.resolve(), url)
+    token = admin_token(data_dir.resolve(), local=target == local)
+    answer = asyncio.run(ask(target, token=token))
     if answer.status_code is None:
         console.print(
             f"[red]no gateway at {answer.url}[/] ({answer.error}). Is `fleet up` running?"

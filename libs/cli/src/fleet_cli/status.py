@@ -2,7 +2,9 @@
 
 import asyncio
 import json
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +39,31 @@ def gateway_url(data_dir: Path, explicit: str | None) -> str:
     return DEFAULT_GATEWAY
 
 
-async def ask(url: str, timeout: float = 5.0) -> ReadyAnswer:
+def admin_token(
+    data_dir: Path, *, local: bool = True, env: Mapping[str, str] | None = None
+) -> str | None:
+    """The token that shows `/ready`'s detail (an anonymous caller gets only the verdict):
+    `FLEET_TOKEN`, else the development token of the mesh in `data_dir` when the gateway asked
+    is that mesh's (`local`: a token of this machine's mesh is never sent to another), else
+    none."""
+    env = os.environ if env is None else env
+    if env.get("FLEET_TOKEN"):
+        return env["FLEET_TOKEN"]
+    if not local:
+        return None
+    from fleet_cli.client import ClientError, mint_token  # client imports this module
+
+    try:
+        return mint_token(data_dir)
+    except (ClientError, RuntimeError):  # no secret yet, or one half written: the verdict only
+        return None
+
+
+async def ask(url: str, timeout: float = 5.0, token: str | None = None) -> ReadyAnswer:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with httpx.AsyncClient(timeout=timeout) as client:
-            response = await client.get(f"{url}/ready")
+            response = await client.get(f"{url}/ready", headers=headers)
     except httpx.HTTPError as exc:
         return ReadyAnswer(url, None, None, f"{type(exc).__name__}: {exc}")
     try:

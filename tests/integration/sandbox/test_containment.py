@@ -15,6 +15,7 @@ from fleet_agent.interpreter import RemoteInterpreter
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import bus as verbs
 from fleet_events.bus import Ping
+from fleet_events.envelope import new_id
 from fleet_events.sandbox import Limits, SandboxInfo
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
@@ -145,16 +146,18 @@ def test_cannot_write_outside_its_workspace(
 ) -> None:
     box, other = make(), make()
     other_ws = other.info.workspace
+    # a name of this run's own: a file another run (or anything else) left at /tmp/escape must
+    # not fail this one, and one this run's sandbox wrote must not fail the next
+    name = f"escape-{new_id()[:12]}"
+    host = [f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}"]
     targets = [
-        "/tmp/escape",
-        "/var/tmp/escape",
-        "/dev/shm/escape",
-        "/run/lock/escape",
-        "../escape",
-        "../../escape",
-        f"{other_ws}/escape",
-        "/etc/escape",
-        "/escape",
+        *host,
+        f"/run/lock/{name}",
+        f"../{name}",
+        f"../../{name}",
+        f"{other_ws}/{name}",
+        f"/etc/{name}",
+        f"/{name}",
     ]
     code = f"""
 import errno
@@ -174,10 +177,7 @@ with open('inside.txt', 'w') as f:
     assert written == []
     assert set(refused) == set(targets)
     assert box.bus.read_file(box.info.sandbox, "inside.txt") == b"ok"
-    host_tmp = [
-        p for p in ("/tmp/escape", "/var/tmp/escape", "/dev/shm/escape") if os.path.exists(p)
-    ]
-    assert host_tmp == []
+    assert [p for p in host if os.path.exists(p)] == []
 
 
 def test_cannot_reach_nats_or_the_network(make: MakeBox, nats_server: NatsServer) -> None:

@@ -59,9 +59,17 @@ def broker(
     replica.stop()
 
 
+# /ready's per-probe deadline (0.5 s by default). Each check here reads one answer and needs
+# the broker's ping in it (Daytona's health rides on it), so a loaded machine's slow pong would
+# read as a down broker; no test here has a service that does not answer.
+PROBE_S = 5.0
+
+
 @pytest.fixture
 async def api(nats_server: NatsServer, broker: Replica, tmp_path: Path) -> AsyncIterator[Api]:
-    async with running_api(nats_server.url, tmp_path / "gw", services=("sandbox-broker",)) as made:
+    async with running_api(
+        nats_server.url, tmp_path / "gw", services=("sandbox-broker",), probe_timeout_s=PROBE_S
+    ) as made:
         yield made
 
 

@@ -128,6 +128,7 @@ async def test_bad_profiles_are_refused_naming_the_value_and_store_nothing(
         ({"name": "a.b", "model": "m"}, "'a.b'"),
         ({"name": "ok", "model": "has space"}, "'has space'"),
         ({"name": "ok", "model": "m", "api_base": "file:///etc/passwd"}, "file:///etc/passwd"),
+        ({"name": "ok", "model": "m", "temprature": 0.2}, "'temprature'"),  # misspelt: not lost
     ):
         response = await api.call("POST", BASE, tenant, json={**body, "api_key": PLANTED})
         assert response.status_code == 422, response.text

@@ -16,12 +16,21 @@ from typing import Any
 
 from fastapi import Request
 from nats.errors import NoRespondersError
+from pydantic import BaseModel, ConfigDict
 
 from fleet_gateway.errors import ApiError
 from fleet_mesh import rpc
 
 MAX_REFUSAL_CHARS = 300
 """A service's refusal text is passed on, cut: it says what was wrong, it is not a log."""
+
+
+class Strict(BaseModel):
+    """Request bodies refuse unknown fields: a misspelt option (`temprature`) or a `tenant` in a
+    body is a 422 that names it, never silently dropped and never read
+    (tests/unit/gateway/test_strict_bodies.py holds every JSON body to this)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 def version() -> str:

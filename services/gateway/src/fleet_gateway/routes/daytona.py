@@ -27,6 +27,7 @@ from fleet_events import sandbox as sb
 from fleet_events.envelope import new_id
 from fleet_gateway.auth import CurrentPrincipal
 from fleet_gateway.errors import ApiError, ErrorBody
+from fleet_gateway.routes.common import Strict
 from fleet_mesh import rpc
 
 router = APIRouter(prefix="/api/v1", tags=["runtime"])
@@ -36,7 +37,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 SLACK_S = 5.0  # over the probe's own timeout: the broker's preflight and reply
 
 
-class DaytonaProbeRequest(BaseModel):
+class DaytonaProbeRequest(Strict):
     timeout_s: float = Field(default=20.0, gt=0, le=60)  # the earlier system's 20 s
 
 

@@ -29,6 +29,7 @@ from fleet_events import bus, streams
 from fleet_events import llm as lm
 from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
+from fleet_gateway.routes.common import Strict
 from fleet_gateway.routes.runtime import PROBE_SLACK_S, LmProbeResult, ask_agent, probe_result
 from fleet_mesh import kvscan
 from fleet_mesh.runtime_config import LlmConfig, ProfileConflict, ProfileNotFound, StoredProfile
@@ -67,7 +68,7 @@ class Prices(BaseModel):
     output_per_mtok: float
 
 
-class ProfileIn(BaseModel):
+class ProfileIn(Strict):
     name: str = Field(min_length=1, max_length=64)
     model: str = Field(min_length=1, max_length=200)
     api_base: str | None = Field(default=None, max_length=500)
@@ -84,7 +85,7 @@ class ProfileIn(BaseModel):
     """What the budget charges a call of this profile; free (0) unless given."""
 
 
-class ProfilePatch(BaseModel):
+class ProfilePatch(Strict):
     model: str | None = Field(default=None, min_length=1, max_length=200)
     api_base: str | None = Field(default=None, max_length=500)
     api_key: SecretStr | None = Field(default=None, min_length=1, max_length=MAX_KEY_CHARS)
@@ -305,7 +306,7 @@ async def delete_profile(name: str, tenant: CurrentTenant, request: Request) -> 
     return Deleted(name=name)
 
 
-class ProfileProbe(BaseModel):
+class ProfileProbe(Strict):
     timeout_s: float = Field(default=20.0, gt=0, le=120)
 
 
@@ -341,7 +342,7 @@ class RoleBindings(BaseModel):
     items: list[RoleBinding]
 
 
-class RolesPatch(BaseModel):
+class RolesPatch(Strict):
     roles: dict[RoleName, str] = Field(min_length=1)
 
 

@@ -26,7 +26,7 @@ from fleet_events import llm as lm
 from fleet_gateway.auth import CurrentPrincipal, CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
 from fleet_gateway.readiness import check
-from fleet_gateway.routes.common import AGENT, ask, nats, version
+from fleet_gateway.routes.common import AGENT, Strict, ask, nats, version
 
 router = APIRouter(prefix="/api/v1", tags=["runtime"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -82,7 +82,7 @@ class RuntimeStatus(BaseModel):
     """What `/ready` checks: NATS, the streams and buckets, each service's ping."""
 
 
-class LmProbe(BaseModel):
+class LmProbe(Strict):
     role: Role = "planner"
     profile: str | None = Field(default=None, min_length=1, max_length=64)
     timeout_s: float = Field(default=20.0, gt=0, le=120)

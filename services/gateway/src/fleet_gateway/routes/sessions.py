@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from nats.errors import NoRespondersError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from fleet_events import bus, streams
 from fleet_events.envelope import new_id
@@ -40,6 +40,7 @@ from fleet_gateway.projections import ProjectionStore
 from fleet_gateway.projections.fold import stamp
 from fleet_gateway.projections.store import decode_cursor, encode_cursor
 from fleet_gateway.quotas import turns_over_quota
+from fleet_gateway.routes.common import Strict
 from fleet_gateway.sessionlog import PURGE_RUN, SessionLog, log_head, session_log
 from fleet_mesh import rpc
 from fleet_mesh.store import EventStore
@@ -72,13 +73,6 @@ MinSeq = Annotated[
         "sequence (the `seq` a write returned); waits a few seconds at most",
     ),
 ]
-
-
-class Strict(BaseModel):
-    """Request bodies refuse unknown fields: a `tenant` or `user` in a body is an error that
-    says so, never silently dropped and never read."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 class CreateSession(Strict):

@@ -52,6 +52,7 @@ from fleet_gateway.bundle import Bundle, blob_line, payload_refs, read_bundle
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
 from fleet_gateway.projections.store import Folded, ProjectionStore
 from fleet_gateway.routes.audit import pinned_keys
+from fleet_gateway.routes.common import Strict
 from fleet_gateway.sessionlog import SessionLog, checked_session, session_log
 from fleet_mesh import rpc
 from fleet_mesh.store import EMPTY, RawEvent
@@ -123,7 +124,7 @@ class Imported(BaseModel):
     blobs: int
 
 
-class RestoreRequest(BaseModel):
+class RestoreRequest(Strict):
     upto_seq: int | None = Field(default=None, ge=1)
     reason: str = Field(default="", max_length=500)
 

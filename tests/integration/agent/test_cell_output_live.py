@@ -21,6 +21,7 @@ from fleet_events.bus import LiveDelta
 from fleet_events.sandbox import SandboxInfo
 from fleet_events.subjects import live
 from fleet_harness.procs import Replica, start_answering
+from fleet_harness.waits import eventually_sync
 from fleet_mesh.natsserver import NatsServer
 
 TENANT, SESSION, RUN = "t-cell-live", "s-live", "run-live"
@@ -84,6 +85,12 @@ def test_a_running_cells_output_is_live_before_the_cell_ends(
     try:
         code = "print('first')\nheard = wait_until_heard()\nprint('second')\nheard"
         assert interp.execute(code) is True  # the print was heard while the cell waited
+        # a last chunk the runner sent just before the answer is relayed (and counted) before
+        # `execute` returns, but comes back to the watcher one server round trip later
+        eventually_sync(
+            lambda: len("".join(d.text for d in watcher.deltas)) >= interp.streamed_chars,
+            timeout=10, what="every relayed delta heard",
+        )  # fmt: skip
         streamed = "".join(d.text for d in watcher.deltas)
         assert streamed.startswith("first\n")
         assert "first\nsecond\n".startswith(streamed)  # in order, nothing twice

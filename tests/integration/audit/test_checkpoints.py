@@ -3,12 +3,20 @@ stolen service key; an admin purge through the checkpointer stays verifiable."""
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 from nats.js import JetStreamContext
 
 from fleet_events import new_id, streams
 from fleet_events.codec import Codec
-from fleet_events.session import TurnRequested, log_subject, run_subject, session_filter
+from fleet_events.session import (
+    SessionDeleted,
+    TurnRequested,
+    log_subject,
+    run_subject,
+    session_filter,
+)
 from fleet_events.signing import Checkpoint, KeySet, Signer
 from fleet_mesh.checkpoints import Checkpointer, checkpoint_file, read_checkpoints
 from fleet_mesh.store import EMPTY, EventStore, Head, open_store, verify_export
@@ -155,3 +163,38 @@ async def test_an_edited_or_dropped_checkpoint_is_caught_and_a_restart_continues
     assert "checkpoint 2 where checkpoint 1 was expected" in fault.reason
     rogue = KeySet.of([agent_key], require_signatures=True)  # the agent's key cannot checkpoint
     assert (await store.verify(where, keys=rogue, checkpoints=checkpoints)).fault is not None
+
+
+async def test_an_event_appended_while_a_session_is_purged_is_never_purged_without_a_receipt(
+    private_js: JetStreamContext, agent_key: Signer, checkpoint_key: Signer, pinned: KeySet,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The race: a run's step lands after the receipt is signed and before the purge. It used
+    to be purged with the rest, named by no receipt (an acknowledged event gone unaccounted).
+    Now each round purges only up to the heads its receipt names, and the next round takes a
+    receipt for what came in between."""
+    store = await open_store(private_js, streams.SESSIONS, signer=agent_key)
+    session = new_id()
+    log, run = log_subject("acme", session), run_subject("acme", session, "r1")
+    where = session_filter("acme", session)
+    head = await _append(store, run, ["step 1"])
+    await store.append(log, envelope(SessionDeleted(reason="done"), log), expect=EMPTY)
+    checkpointer = _checkpointer(private_js, store, checkpoint_key, pinned, tmp_path)
+    purge = private_js.purge_stream
+    late: list[Head] = []
+
+    async def race_then_purge(name: str, **kwargs: Any) -> bool:
+        if not late:  # the receipt is signed and on disk; the purge has not run: a step lands
+            late.append(await _append(store, run, ["late step"], head))
+        return await purge(name, **kwargs)
+
+    monkeypatch.setattr(private_js, "purge_stream", race_then_purge)
+    await checkpointer.purge_session("acme", session)
+
+    checkpoints = read_checkpoints(checkpoint_file(tmp_path, streams.SESSIONS.name))
+    receipted = max(cp.purged.get(run, (0, ""))[0] for cp in checkpoints)
+    assert late[0].seq <= receipted, "the late step was purged, and no receipt names it"
+    left = (await private_js.stream_info(streams.SESSIONS.name, subjects_filter=where)).state
+    assert not left.subjects  # a later round took it, under a receipt of its own
+    verdict = await store.verify(where, keys=pinned, checkpoints=checkpoints)
+    assert verdict.ok, verdict.fault

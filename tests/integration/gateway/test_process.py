@@ -39,7 +39,12 @@ async def test_gateway_process_serves_health_answers_ping_and_stops_on_sigterm(
             return (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200
 
     await eventually(health, timeout=30, what="gateway /health")
-    pong = await rpc.call_verb(nc, verbs.ping("gateway"), Ping(), timeout=2)
+    # HTTP listens before the runtime serves ping ("listening" < "started" below): ask until
+    # the ping is served rather than once, the instant /health answers
+    pong = await eventually(
+        lambda: rpc.call_verb(nc, verbs.ping("gateway"), Ping(), timeout=2),
+        timeout=30, what="the gateway's ping",
+    )  # fmt: skip
     assert pong.pid == replica.pid
     assert pong.replica == "gateway-0"
     assert replica.stop() == 0

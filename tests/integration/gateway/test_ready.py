@@ -36,8 +36,10 @@ Gateway = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 def gateway(tmp_path: Path) -> Gateway:
     @asynccontextmanager
     async def mounted(
-        nats_url: str, probe_timeout_s: float = 0.3
+        nats_url: str, probe_timeout_s: float = 5.0
     ) -> AsyncIterator[httpx.AsyncClient]:
+        # A wide deadline: every "down" here is decided at once (no responders, NATS gone),
+        # so it only bounds how long a live but slow replica on a loaded machine may take.
         settings = GatewaySettings(probe_timeout_s=probe_timeout_s, data_dir=tmp_path)
         app = create_app(settings, replica="gateway-test", nats_url=nats_url)
         admin = issue_token(signing_secret(tmp_path), tenant="ops", user="ops", admin=True)
@@ -60,6 +62,7 @@ async def _answer_pings(nc: Client, services: tuple[str, ...]) -> list[rpc.Serve
             return Pong(service=service, replica=f"{service}-fake", pid=0, uptime_s=0.0)
 
         subs.append(await rpc.serve_verb(nc, verbs.ping(service), pong))
+    await nc.flush()  # the gateway asks on a connection of its own: the server must know these
     return subs
 
 

@@ -6,7 +6,7 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 
-from fleet_events import new_id
+from fleet_events import new_id, streams
 from fleet_mesh import kvscan
 from fleet_mesh.store.errors import StoreUnavailable
 
@@ -82,3 +82,12 @@ async def test_a_listing_larger_than_one_fetch_and_made_under_load_misses_no_key
 async def test_a_missing_bucket_is_named(js: JetStreamContext) -> None:
     with pytest.raises(StoreUnavailable, match="'no-such-bucket' does not exist"):
         await kvscan.latest(js, "no-such-bucket")
+
+
+async def test_the_meshs_buckets_answer_reads_from_their_leader_only(js: JetStreamContext) -> None:
+    """Direct gets stay off for KV buckets: with them a cluster follower may answer a read
+    before it holds a write made through the leader, so a ticket minted on one gateway would
+    read as unknown on another, and an API token as revoked."""
+    for spec in streams.KV_BUCKETS:
+        info = await js.stream_info(f"KV_{spec.bucket}")
+        assert not info.config.allow_direct, spec.bucket

@@ -135,6 +135,8 @@ async def _ensure_kv(js: JetStreamContext, spec: KvSpec, replicas: int) -> str:
         await js.key_value(spec.bucket)
         return "unchanged"
     except BucketNotFoundError:
+        # no direct gets (`direct` unset): every read goes to the stream's leader, so on a
+        # cluster a ticket minted through one gateway is never "unknown" on another
         await js.create_key_value(
             KeyValueConfig(
                 bucket=spec.bucket,

@@ -60,6 +60,8 @@ async def _scan(
             try:
                 msgs = await sub.fetch(min(_BATCH, wanted - len(entries)), timeout=timeout)
             except (TimeoutError, NatsTimeout) as exc:
+                if (await sub.consumer_info()).num_pending == 0:
+                    break  # the rest expired (a bucket with a TTL) or was purged meanwhile
                 raise StoreUnavailable(
                     f"listing {bucket}/{key_filter}: {len(entries)} of {wanted} keys came back "
                     f"within {timeout}s"

@@ -7,7 +7,7 @@ from fleet_events import new_id, streams
 from fleet_events.codec import INLINE_LIMIT
 from fleet_events.envelope import Offloaded
 from fleet_events.session import TurnRequested, log_subject
-from fleet_mesh.blobs import BlobNotFound, InvalidDigest, JetStreamBlobs
+from fleet_mesh.blobs import BlobNotFound, BlobUnavailable, InvalidDigest, JetStreamBlobs
 from fleet_mesh.store import EMPTY, EventStore
 
 from .conftest import envelope
@@ -53,3 +53,21 @@ async def test_putting_the_same_blob_twice_stores_it_once(js: JetStreamContext) 
     second = await blobs.put("acme", data)
     assert first == second
     assert await blobs.get("acme", first.sha256) == data
+
+
+async def test_a_read_whose_chunks_vanish_under_it_fails_in_time_instead_of_waiting_forever(
+    js: JetStreamContext,
+) -> None:
+    """What a writer replacing the chunks mid-read leaves a reader: info naming chunks that are
+    gone. nats-py's get waits for them with no bound (this test hung until pytest's timeout);
+    ours gives up after its bound, twice, and says so."""
+    store = await js.object_store(streams.BLOBS.bucket)
+    blobs = JetStreamBlobs(store, get_timeout_s=0.5)
+    tenant = new_id()
+    ref = await blobs.put(tenant, b"chunks that will vanish" * 100)
+    info = await store.get_info(ref.object)
+    await js.purge_stream(
+        f"OBJ_{streams.BLOBS.bucket}", subject=f"$O.{streams.BLOBS.bucket}.C.{info.nuid}"
+    )
+    with pytest.raises(BlobUnavailable, match=r"did not arrive within 0\.5s twice"):
+        await blobs.get(tenant, ref.sha256)

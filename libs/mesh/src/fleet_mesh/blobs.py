@@ -4,6 +4,7 @@ Names are `<tenant>/<sha256>`, built here from a validated tenant id and a 64-he
 read on behalf of one tenant can never name another tenant's object.
 """
 
+import asyncio
 import re
 
 from nats.js import JetStreamContext
@@ -24,6 +25,11 @@ class InvalidDigest(ValueError):
     pass
 
 
+class BlobUnavailable(RuntimeError):
+    """The object store did not hand the blob's chunks over in time (it never will if they
+    were replaced under the reader: see `JetStreamBlobs.get`)."""
+
+
 def blob_name(tenant: str, sha256: str) -> str:
     if _DIGEST.fullmatch(sha256) is None:
         raise InvalidDigest(
@@ -32,9 +38,13 @@ def blob_name(tenant: str, sha256: str) -> str:
     return f"{check_id('tenant', tenant)}/{sha256}"
 
 
+GET_TIMEOUT_S = 10.0
+
+
 class JetStreamBlobs:
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStore, *, get_timeout_s: float = GET_TIMEOUT_S) -> None:
         self._store = store
+        self._get_timeout_s = get_timeout_s
 
     @classmethod
     async def open(cls, js: JetStreamContext) -> "JetStreamBlobs":
@@ -54,11 +64,27 @@ class JetStreamBlobs:
 
     async def get(self, tenant: str, sha256: str) -> bytes:
         name = blob_name(tenant, sha256)
-        try:
-            result = await self._store.get(name)
-        except (NotFoundError, ObjectNotFoundError) as exc:
-            raise BlobNotFound(f"no blob {sha256} for tenant {tenant}") from exc
-        data = result.data or b""
+        data = await self._read(name, tenant, sha256)
         if sha256_hex(data) != sha256:
             raise BlobNotFound(f"blob {name} is corrupt: its bytes do not match its digest")
         return data
+
+    async def _read(self, name: str, tenant: str, sha256: str) -> bytes:
+        """nats-py's `ObjectStore.get` reads the object's info, then waits, with no bound, for
+        the chunks it names. A writer putting the same blob at that moment (two sessions
+        uploading one file) replaces those chunks, and the wait never ends. So each read is
+        bounded, and one that times out is tried again: the second reads the new info."""
+        for attempt in (1, 2):
+            try:
+                result = await asyncio.wait_for(self._store.get(name), self._get_timeout_s)
+            except (NotFoundError, ObjectNotFoundError) as exc:
+                raise BlobNotFound(f"no blob {sha256} for tenant {tenant}") from exc
+            except TimeoutError:
+                if attempt == 2:
+                    raise BlobUnavailable(
+                        f"blob {name}: its chunks did not arrive within {self._get_timeout_s}s "
+                        "twice; the object store is overloaded or the object is damaged"
+                    ) from None
+                continue
+            return result.data or b""
+        raise AssertionError("unreachable")

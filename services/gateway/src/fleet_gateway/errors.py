@@ -7,7 +7,9 @@ text (it may hold anything) and is answered as `internal_error` with the log lin
 """
 
 import logging
+import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fleet_mesh.blobs import BlobUnavailable
 from fleet_mesh.store.errors import StoreUnavailable
 
 log = logging.getLogger("fleet.gateway")
@@ -65,13 +68,33 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or str(loc[0] if loc else "request")
 
 
+SECRET_FIELD = re.compile(
+    r"(^|[_-])(api[_-]?key|token|secret|password|passwd|credentials?|authorization)$", re.IGNORECASE
+)
+"""A field named for a secret (`api_key`, `token`; not `max_tokens` nor a setting's `key`)."""
+
+
+def _may_be_secret(item: Mapping[str, Any]) -> bool:
+    """A value the refusal must not repeat: an unknown field's (a misspelt `api_key` is one)
+    or a field whose name says it holds a secret (an `api_key` refused as too long)."""
+    if item.get("type") == "extra_forbidden":
+        return True
+    return any(isinstance(part, str) and SECRET_FIELD.search(part) for part in item.get("loc", ()))
+
+
+def _shown(item: Mapping[str, Any]) -> str:
+    value = item.get("input")
+    if _may_be_secret(item) or not (isinstance(value, str | int | float | bool) or value is None):
+        return ""
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
 def _validation(exc: RequestValidationError) -> ApiError:
     problems = []
     for item in exc.errors():
         loc = tuple(item.get("loc", ()))
-        value = item.get("input")
-        shown = repr(value) if isinstance(value, str | int | float | bool) or value is None else ""
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        shown = _shown(item)
         problems.append(
             {
                 "field": _field(loc),
@@ -143,4 +166,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(StoreUnavailable, store_unavailable)
+    app.add_exception_handler(BlobUnavailable, store_unavailable)
     app.add_exception_handler(Exception, unexpected)

@@ -38,7 +38,8 @@ def blob_name(tenant: str, sha256: str) -> str:
     return f"{check_id('tenant', tenant)}/{sha256}"
 
 
-GET_TIMEOUT_S = 10.0
+GET_TIMEOUT_S = 30.0
+"""Per try: generous for a large document on a loaded machine; a read that is stuck stays stuck."""
 
 
 class JetStreamBlobs:

@@ -18,17 +18,14 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, Field
 
 from fleet_events import bus
 from fleet_events import sandbox as sb
 from fleet_events.envelope import new_id
 from fleet_gateway.auth import CurrentPrincipal
-from fleet_gateway.errors import ApiError, ErrorBody
-from fleet_gateway.routes.common import Strict
-from fleet_mesh import rpc
+from fleet_gateway.errors import ErrorBody
+from fleet_gateway.routes.common import BROKER, Strict, ask
 
 router = APIRouter(prefix="/api/v1", tags=["runtime"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -100,26 +97,10 @@ async def probe_daytona(
     request: Request,
     probe: Annotated[DaytonaProbeRequest | None, Body()] = None,
 ) -> DaytonaProbeResult:
-    ask = probe or DaytonaProbeRequest()
-    nc = request.app.state.gateway.nc
-    if nc is None or not nc.is_connected:
-        raise ApiError(503, "nats_unavailable", "the gateway has no bus connection; retry shortly")
-    req = sb.TestDaytona(request_id=new_id(), tenant=principal.tenant, timeout_s=ask.timeout_s)
-    timeout = ask.timeout_s + SLACK_S
-    try:
-        got: sb.DaytonaProbe = await rpc.call_verb(nc, bus.TEST_DAYTONA, req, timeout=timeout)
-    except NoRespondersError:
-        raise ApiError(
-            503, "broker_unavailable", "no sandbox broker is running to answer: start one"
-        ) from None
-    except rpc.RemoteError as exc:
-        raise ApiError(
-            502, f"broker_{exc.code}", f"the sandbox broker refused: {exc.message[:300]}"
-        ) from None
-    except (TimeoutError, NatsTimeout):
-        raise ApiError(
-            504, "broker_timeout", f"the sandbox broker did not answer within {timeout:g}s"
-        ) from None
+    wanted = probe or DaytonaProbeRequest()
+    req = sb.TestDaytona(request_id=new_id(), tenant=principal.tenant, timeout_s=wanted.timeout_s)
+    timeout = wanted.timeout_s + SLACK_S
+    got: sb.DaytonaProbe = await ask(request, BROKER, bus.TEST_DAYTONA, req, timeout=timeout)
     result = DaytonaProbeResult(
         kind=got.kind, ok=got.ok, preflight_ok=got.preflight_ok, configured=got.configured,
         checked_at=got.checked_at,

@@ -7,7 +7,6 @@ text (it may hold anything) and is answered as `internal_error` with the log lin
 """
 
 import logging
-import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -68,18 +67,21 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or str(loc[0] if loc else "request")
 
 
-SECRET_FIELD = re.compile(
-    r"(^|[_-])(api[_-]?key|token|secret|password|passwd|credentials?|authorization)$", re.IGNORECASE
-)
-"""A field named for a secret (`api_key`, `token`; not `max_tokens` nor a setting's `key`)."""
+SECRET_FIELDS = frozenset({
+    "api_key", "apikey", "x-api-key", "token", "access_token", "refresh_token", "secret",
+    "client_secret", "password", "passwd", "credentials", "authorization",
+})  # fmt: skip
+"""Field names whose value is a secret (not `max_tokens`, `input_per_token` or a setting's
+`key`, whose values are no one's secret)."""
 
 
 def _may_be_secret(item: Mapping[str, Any]) -> bool:
-    """A value the refusal must not repeat: an unknown field's (a misspelt `api_key` is one)
-    or a field whose name says it holds a secret (an `api_key` refused as too long)."""
-    if item.get("type") == "extra_forbidden":
+    """A value the refusal must not repeat: an unknown field's text (a misspelt `api_key` is
+    one; a number is no secret) or a field whose name says it holds a secret (an `api_key`
+    refused as too long)."""
+    if item.get("type") == "extra_forbidden" and isinstance(item.get("input"), str):
         return True
-    return any(isinstance(part, str) and SECRET_FIELD.search(part) for part in item.get("loc", ()))
+    return any(str(part).lower() in SECRET_FIELDS for part in item.get("loc", ()))
 
 
 def _shown(item: Mapping[str, Any]) -> str:

@@ -36,9 +36,12 @@ async def api(
             return Pong(service=service, replica=f"{service}-replica-7", pid=0, uptime_s=0.0)
 
         served.append(await rpc.serve_verb(nc, verbs.ping(service), pong))
+    await nc.flush()  # the gateway asks on a connection of its own: the server must know these
     try:
+        # a wide deadline: quality's "down" is decided at once (no responders), so it only
+        # bounds how long a live fake on a loaded machine may take to answer
         async with running_api(
-            nats_server.url, tmp_path, replica=REPLICA, probe_timeout_s=0.3
+            nats_server.url, tmp_path, replica=REPLICA, probe_timeout_s=5.0
         ) as made:
             yield made
     finally:

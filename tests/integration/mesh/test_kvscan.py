@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 
@@ -91,3 +92,11 @@ async def test_the_meshs_buckets_answer_reads_from_their_leader_only(js: JetStre
     for spec in streams.KV_BUCKETS:
         info = await js.stream_info(f"KV_{spec.bucket}")
         assert not info.config.allow_direct, spec.bucket
+
+
+async def test_a_jetstream_that_does_not_answer_is_store_unavailable(nc: Client) -> None:
+    """The listing's consumer cannot be made (JetStream down, or no leader): the store did not
+    answer, the gateway's 503 `store_unavailable`, not an unexpected error (500)."""
+    silent = nc.jetstream(prefix="$JS.NOBODY.API", timeout=1.0)  # nobody serves this API
+    with pytest.raises(StoreUnavailable, match="'tokens' did not answer"):
+        await kvscan.latest(silent, "tokens")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from fleet_mesh.store.errors import StoreUnavailable
 
@@ -52,6 +52,10 @@ async def _scan(
         created = await js.add_consumer(stream, config)
     except NotFoundError as exc:
         raise StoreUnavailable(f"KV bucket {bucket!r} does not exist: run bootstrap") from exc
+    except (ServiceUnavailableError, TimeoutError) as exc:  # JetStream down, or no leader yet
+        raise StoreUnavailable(
+            f"KV bucket {bucket!r} did not answer (JetStream is down or has no leader)"
+        ) from exc
     wanted = created.num_pending or 0  # counted when the consumer was made, before any delivery
     entries: list[KvEntry] = []
     sub = await js.pull_subscribe_bind(created.name, stream=stream)

@@ -132,6 +132,17 @@ async def test_run_with_a_repo_reads_the_checkout_at_the_ref(
         after = len(json.loads(fleet(mesh, "sessions", "ls", "--json").stdout))
         assert after == before  # bad input stored nothing
 
+        # well-formed, but nothing is served there: the turn fails saying which repository
+        missing = served_repo.replace("plans.git", "missing.git")
+        gone = fleet(mesh, "run", "Plan?", "--repo", missing, "--ref", "v1", "--mode", "rlm_only",
+                     "--json")  # fmt: skip
+        assert gone.returncode == 1, (gone.stdout, gone.stderr)
+        failed = json.loads(gone.stdout)
+        assert failed["status"] == "failed"
+        assert f"repository {missing!r} at 'v1'" in failed["error"], failed["error"]
+        ended = failed["events"][-1]
+        assert (ended["data"]["type"], ended["data"]["code"]) == ("turn.failed", "repo_unavailable")
+
 
 def _payload(line: str) -> object:
     """An export line's envelope (its `payload` is the stored JSON, base64)."""

@@ -141,13 +141,15 @@ TURN_FAILURES = (
     "llm_model_not_found",
     "llm_bad_request",
     "llm_error",
+    "repo_unavailable",
 )
 """Every `TurnFailed.code` the agent writes (a client switches on them; a test holds the agent's
 codes to this list). `runner_error`: the agent raised; `replica_lost`: the replica running it
 stopped and the runner cannot resume; `poison`: its work item was delivered `max_attempts`
 times, never ending; `sandbox_lost`: the run's sandbox went away and a later attempt found it
 gone; `llm_not_configured`: no model is bound to the role the turn needs; `llm_*`: a model
-call failed, by kind (docs/turns.md, "When the model call fails")."""
+call failed, by kind (docs/turns.md, "When the model call fails"); `repo_unavailable`: the
+broker could not clone the turn's repository at its ref."""
 
 
 class TurnRefused(Event, frozen=True, kw_only=True, tag="turn.refused"):

@@ -88,6 +88,27 @@ class Failed:
     retryable: bool = False
 
 
+class StatedFailure(RuntimeError):
+    """Raised from deep inside a run (a seam that cannot return `Failed`) for a reason that is
+    safe to state and that the user can act on: the worker records it as `TurnFailed` with this
+    message and code, found anywhere in the exception's cause chain (a runner may wrap it)."""
+
+    def __init__(self, message: str, *, code: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.failure = Failed(message, code=code, retryable=retryable)
+
+
+def stated_failure(exc: BaseException) -> Failed | None:
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, StatedFailure):
+            return seen.failure
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class TurnRunner(Protocol):
     restartable: bool
     """May a turn whose replica died be run again from its start on another replica? True

@@ -25,7 +25,15 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from fleet_agent import turns
-from fleet_agent.runners import Answered, CancelToken, Failed, Parked, TurnInput, TurnRunner
+from fleet_agent.runners import (
+    Answered,
+    CancelToken,
+    Failed,
+    Parked,
+    TurnInput,
+    TurnRunner,
+    stated_failure,
+)
 from fleet_agent.turn_log import TurnLog
 from fleet_events import Event, InvalidId, check_id
 from fleet_events.catalog import type_of_class
@@ -196,8 +204,15 @@ class TurnWorker:
             result = await self._runner.run(turn, token)
         except Exception as exc:
             # The traceback stays in this replica's log; the event says what and where to
-            # look, never the exception's text (it may hold anything, secrets included).
+            # look, never the exception's text (it may hold anything, secrets included),
+            # unless the exception was made to be stated (`StatedFailure`).
             self._logger.exception("turn runner failed", extra={"turn": turn.turn})
+            stated = stated_failure(exc)
+            if stated is not None:
+                return TurnFailed(
+                    error=stated.error, retryable=stated.retryable, code=stated.code,
+                    attempt=turn.attempt,
+                )  # fmt: skip
             return TurnFailed(
                 error=(
                     f"the agent failed while running this turn ({type(exc).__name__}); "

@@ -58,7 +58,15 @@ from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.llm_failures import LLM_FAILURES, NO_FALLBACK
 from fleet_agent.lm import CallScope, LmNotConfigured, budgeted_lm, failure_of
-from fleet_agent.runners import Answered, CancelToken, Failed, Parked, Stopped, TurnInput
+from fleet_agent.runners import (
+    Answered,
+    CancelToken,
+    Failed,
+    Parked,
+    Stopped,
+    TurnInput,
+    stated_failure,
+)
 from fleet_agent.session_state import FOLD, SessionState, history, skipped_line
 from fleet_events import Event, bus, streams
 from fleet_events import journal as jr
@@ -161,7 +169,11 @@ def llm_failed(exc: BaseException) -> Failed | None:
 
 
 def _falls_back(exc: BaseException) -> bool:
-    """May a cheaper module get past this? Not a failure that asks the same server again."""
+    """May a cheaper module get past this? Not a failure that asks the same server again, nor
+    a stated one (the turn's repository could not be cloned: an answer without it would not be
+    the one asked for)."""
+    if stated_failure(exc) is not None:
+        return False
     ended = llm_failed(exc)
     return ended is None or ended.code not in NO_FALLBACK
 
@@ -686,8 +698,8 @@ class TurnRun:
             if missing is not None:  # no model to ask: say what to configure, not a type name
                 self.recorder.record(RunFailed(error=_why(missing), reason=NOT_CONFIGURED))
                 return Failed(not_configured_message(missing), code=NOT_CONFIGURED)
-            ended = llm_failed(exc)
-            if ended is not None:  # a model call failed: its kind, and what to do about it
+            ended = llm_failed(exc) or stated_failure(exc)
+            if ended is not None:  # a model call failed (its kind, what to do), or a stated one
                 self.recorder.record(
                     RunFailed(error=ended.error, reason=ended.code, retryable=ended.retryable)
                 )

@@ -52,6 +52,7 @@ from fleet_agent.engine.resume import Resume, load_journal, recorded_answer
 from fleet_agent.interpreter import EXECUTION_INSTRUCTIONS, RemoteInterpreter
 from fleet_agent.llm_failures import LLM_FAILURES
 from fleet_agent.lm import CallScope, budgeted_lm, failure_of
+from fleet_agent.runners import stated_failure
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import bus as verbs
 from fleet_events import new_id
@@ -490,6 +491,13 @@ async def run_rlm(
             return await _end(
                 recorder, hooks, failed, status="failed", error=failure.message,
                 retry=failure.retryable, code=failure.code,
+            )  # fmt: skip
+        stated = stated_failure(exc)
+        if stated is not None:  # e.g. the session's repository could not be cloned
+            failed = RunFailed(error=stated.error, reason=stated.code, retryable=stated.retryable)
+            return await _end(
+                recorder, hooks, failed, status="failed", error=stated.error,
+                retry=stated.retryable, code=stated.code,
             )  # fmt: skip
         error = f"{type(exc).__name__}: {exc}"[:2000]
         return await _end(

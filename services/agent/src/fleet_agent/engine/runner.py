@@ -37,7 +37,7 @@ from fleet_agent.engine.model import (
 from fleet_agent.engine.rlm import SANDBOX_LOST, run_rlm
 from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
-from fleet_agent.runners import Answered, CancelToken, Failed, Stopped, TurnInput
+from fleet_agent.runners import Answered, CancelToken, Failed, StatedFailure, Stopped, TurnInput
 from fleet_agent.session_state import FOLD, SessionState
 from fleet_events import Envelope, bus, new_id, streams, utc_now
 from fleet_events import sandbox as sb
@@ -230,13 +230,34 @@ async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: st
             volume_subpath=known.volume_subpath if known else None,
             repo_url=repo_url, ref=ref,
         )  # fmt: skip
-        info = await rpc.call_verb(nc, bus.CREATE_SANDBOX, create, timeout=120)
+        try:
+            info = await rpc.call_verb(nc, bus.CREATE_SANDBOX, create, timeout=120)
+        except rpc.RemoteError as exc:
+            if repo_url is None:
+                raise
+            raise RepoUnavailable(repo_url, ref, exc.message) from exc
         reason = "repo" if known is not None and known.sandbox else "created"
     replaces = known.sandbox or "" if known else ""
     await _attach(mesh, tenant, session, turn, info, replaces, reason)
     if reason == "repo":  # the old checkout is no longer the session's: not left running
         await _retire(nc, tenant, replaces)
     return info.sandbox
+
+
+class RepoUnavailable(StatedFailure):
+    """The broker could not clone the turn's repository at its ref. Its message is safe to
+    pass on: the broker says only that the repository or ref was not found or is unreachable,
+    or took too long (git's own stderr, which can quote what it read, stays in its log)."""
+
+    def __init__(self, repo_url: str, ref: str | None, said: str) -> None:
+        at = f" at {ref!r}" if ref else ""
+        super().__init__(
+            f"the session's sandbox could not be made with repository {repo_url!r}{at}: "
+            f"{said[:300]}. Check the URL and the ref (a tag, branch or commit the repository "
+            "has; a private repository is not reachable from the sandbox), then send the turn "
+            "again",
+            code="repo_unavailable",
+        )
 
 
 async def _retire(nc: Any, tenant: str, sandbox: str) -> None:

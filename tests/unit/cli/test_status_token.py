@@ -1,11 +1,18 @@
 """Which token `fleet status` and `fleet up` send to `/ready` (an anonymous caller gets only the
 verdict; the detail needs an admin's token)."""
 
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import jwt
 import pytest
+from typer.testing import CliRunner
 
+from fleet_cli import status
+from fleet_cli.main import cli
 from fleet_cli.mesh import gateway_dir
 from fleet_cli.status import admin_token
 from fleet_gateway.auth import signing_secret
@@ -37,3 +44,65 @@ def test_the_local_meshs_development_token_is_an_admins(tmp_path: Path) -> None:
 def test_the_local_token_is_never_sent_to_another_gateway(tmp_path: Path) -> None:
     signing_secret(gateway_dir(tmp_path))
     assert admin_token(tmp_path, local=False, env={}) is None
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[str, list[str | None]]]:
+    """Something answering `/ready` on this machine, noting each request's Authorization."""
+    seen: list[str | None] = []
+
+    class Ready(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({"ready": True, "components": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _status(data_dir: Path) -> None:
+    result = CliRunner().invoke(cli(), ["status", "--data-dir", str(data_dir)])
+    assert result.exit_code == 0, result.output
+
+
+def test_with_no_mesh_running_the_default_address_gets_no_token(
+    tmp_path: Path, gateway: tuple[str, list[str | None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mesh that ran here left its signing secret, but none runs now (no up.json): whatever
+    answers at the default address is not this mesh, and must not get a 30-day admin token."""
+    url, seen = gateway
+    monkeypatch.delenv("FLEET_TOKEN", raising=False)
+    monkeypatch.setattr(status, "DEFAULT_GATEWAY", url)
+    signing_secret(gateway_dir(tmp_path))
+    _status(tmp_path)
+    assert seen == [None]
+
+
+def test_the_running_meshs_gateway_gets_its_token(
+    tmp_path: Path, gateway: tuple[str, list[str | None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, seen = gateway
+    monkeypatch.delenv("FLEET_TOKEN", raising=False)
+    secret = signing_secret(gateway_dir(tmp_path))
+    (tmp_path / "up.json").write_text(json.dumps({"gateway": url}))
+    _status(tmp_path)
+    [sent] = seen
+    assert sent is not None
+    assert sent.startswith("Bearer ")
+    claims = jwt.decode(sent[7:], secret, algorithms=["HS256"], options={"verify_aud": False})
+    assert claims["fleet_admin"] is True

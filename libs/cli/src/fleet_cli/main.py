@@ -187,11 +187,13 @@ def status_command(
     import asyncio
 
     from fleet_cli import display
-    from fleet_cli.status import admin_token, ask, gateway_url
+    from fleet_cli.status import admin_token, ask, gateway_url, recorded_gateway
 
-    local = gateway_url(data_dir.resolve(), None)
+    # the mesh's own token only to the gateway its running `fleet up` recorded: with none
+    # running, whatever answers at the default address is not this mesh
+    local = recorded_gateway(data_dir.resolve())
     target = gateway_url(data_dir.resolve(), url)
-    token = admin_token(data_dir.resolve(), local=target == local)
+    token = admin_token(data_dir.resolve(), local=local is not None and target == local)
     answer = asyncio.run(ask(target, token=token))
     if answer.status_code is None:
         console.print(

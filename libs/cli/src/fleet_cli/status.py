@@ -26,17 +26,22 @@ class ReadyAnswer:
         return self.status_code == 200
 
 
-def gateway_url(data_dir: Path, explicit: str | None) -> str:
-    """An explicit URL wins; else the one a running `fleet up` recorded; else the default."""
-    if explicit:
-        return explicit.rstrip("/")
+def recorded_gateway(data_dir: Path) -> str | None:
+    """The gateway URL a running `fleet up` recorded in `data_dir`; None when none runs."""
     state = data_dir / "up.json"
     if state.exists():
         try:
             return str(json.loads(state.read_text())["gateway"])
         except (ValueError, KeyError):
             pass
-    return DEFAULT_GATEWAY
+    return None
+
+
+def gateway_url(data_dir: Path, explicit: str | None) -> str:
+    """An explicit URL wins; else the one a running `fleet up` recorded; else the default."""
+    if explicit:
+        return explicit.rstrip("/")
+    return recorded_gateway(data_dir) or DEFAULT_GATEWAY
 
 
 def admin_token(

@@ -68,6 +68,7 @@ def start_mesh(
     agent_env: dict[str, str],
     broker_env: dict[str, str] | None = None,
     agents: int = 1,
+    budget_env: dict[str, str] | None = None,
 ) -> Processes:
     server = NatsServer(
         store_dir=root / "store", sync_interval="2m", log_path=root / "nats.log"
@@ -85,7 +86,9 @@ def start_mesh(
                 },
             )
         )  # fmt: skip
-        running.replicas.append(start_answering("budget", server.url, root / "budget.log", {}))
+        running.replicas.append(
+            start_answering("budget", server.url, root / "budget.log", budget_env or {})
+        )
         env = {
             "FLEET_AGENT_RUNNER": "rlm",
             "FLEET_SECRETS_KEY": str(keys.private),
@@ -114,7 +117,8 @@ def processes(
     env: dict[str, str] = getattr(request.module, "AGENT_ENV", {})
     broker: dict[str, str] = getattr(request.module, "BROKER_ENV", {})
     agents: int = getattr(request.module, "AGENTS", 1)
-    running = start_mesh(tmp_path_factory.mktemp("rlm-mesh"), env, broker, agents)
+    budget: dict[str, str] = getattr(request.module, "BUDGET_ENV", {})
+    running = start_mesh(tmp_path_factory.mktemp("rlm-mesh"), env, broker, agents, budget)
     yield running
     stop_mesh(running)
 

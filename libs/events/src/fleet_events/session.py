@@ -142,6 +142,7 @@ TURN_FAILURES = (
     "llm_bad_request",
     "llm_error",
     "repo_unavailable",
+    "budget_spent",
 )
 """Every `TurnFailed.code` the agent writes (a client switches on them; a test holds the agent's
 codes to this list). `runner_error`: the agent raised; `replica_lost`: the replica running it
@@ -149,7 +150,8 @@ stopped and the runner cannot resume; `poison`: its work item was delivered `max
 times, never ending; `sandbox_lost`: the run's sandbox went away and a later attempt found it
 gone; `llm_not_configured`: no model is bound to the role the turn needs; `llm_*`: a model
 call failed, by kind (docs/turns.md, "When the model call fails"); `repo_unavailable`: the
-broker could not clone the turn's repository at its ref."""
+broker could not clone the turn's repository at its ref; `budget_spent`: the budget refused a
+model call the turn could not do without (a tenant's daily cap, the tree's limits)."""
 
 
 class TurnRefused(Event, frozen=True, kw_only=True, tag="turn.refused"):

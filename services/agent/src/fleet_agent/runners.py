@@ -99,12 +99,24 @@ class StatedFailure(RuntimeError):
 
 
 def stated_failure(exc: BaseException) -> Failed | None:
+    """The failure `exc` states, if it or one of its causes states one: a `StatedFailure`, or
+    the budget's refusal of a model call the run could not do without (its message is the
+    budget service's own, which names the cap and never a secret)."""
+    from fleet_agent.lm import BudgetSpent  # lazily: the echo runner never loads dspy
+
     seen: BaseException | None = exc
     for _ in range(8):
         if seen is None:
             return None
         if isinstance(seen, StatedFailure):
             return seen.failure
+        if isinstance(seen, BudgetSpent):
+            return Failed(
+                f"the budget refused this turn's model call: {str(seen)[:500]}. A tenant's "
+                "daily cap starts again at 00:00 UTC; a turn's own limits are the "
+                "rlm_max_llm_calls and rlm_max_depth settings",
+                code="budget_spent",
+            )
         seen = seen.__cause__ or seen.__context__
     return None
 

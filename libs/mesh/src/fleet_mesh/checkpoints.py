@@ -196,22 +196,23 @@ class Checkpointer:
         await self._checkpoint()
         where = session_filter(tenant, session)
         first: Checkpoint | None = None
-        for _ in range(PURGE_ROUNDS):
+        for round_ in range(PURGE_ROUNDS + 1):
             info = await self._js.stream_info(self._stream, subjects_filter=where)
             subjects = sorted((info.state.subjects or {}).keys())
             if not subjects:
+                break
+            if round_ == PURGE_ROUNDS:  # looked once more after the last round: still there
+                log.warning(
+                    "session %s of %s still has events after %d purge rounds (something keeps "
+                    "appending to it); each purged event has its receipt", session, tenant,
+                    PURGE_ROUNDS,
+                )  # fmt: skip
                 break
             heads = {s: await self._store.head(s) for s in subjects}
             receipt = self._write({}, {s: (h.seq, h.hash) for s, h in heads.items()})
             first = first or receipt
             for subject, head in heads.items():
                 await self._purge_upto(subject, head.seq)
-        else:
-            log.warning(
-                "session %s of %s still has events after %d purge rounds (something keeps "
-                "appending to it); each purged event has its receipt", session, tenant,
-                PURGE_ROUNDS,
-            )  # fmt: skip
         if first is None:  # the log held session.deleted a moment ago, under our lock
             raise PurgeRefused(f"session {session!r} of tenant {tenant!r} vanished mid-purge")
         return first

@@ -16,6 +16,7 @@ Keys written after the call began may or may not be included; nothing written be
 import contextlib
 from dataclasses import dataclass
 
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -64,7 +65,7 @@ async def _scan(
             try:
                 msgs = await sub.fetch(min(_BATCH, wanted - len(entries)), timeout=timeout)
             except (TimeoutError, NatsTimeout) as exc:
-                if (await sub.consumer_info()).num_pending == 0:
+                if await _drained(sub):
                     break  # the rest expired (a bucket with a TTL) or was purged meanwhile
                 raise StoreUnavailable(
                     f"listing {bucket}/{key_filter}: {len(entries)} of {wanted} keys came back "
@@ -85,6 +86,14 @@ async def _scan(
         with contextlib.suppress(NotFoundError):
             await js.delete_consumer(stream, created.name)
     return entries
+
+
+async def _drained(sub: JetStreamContext.PullSubscription) -> bool:
+    """Nothing is left for the scan to fetch (False too when the server cannot say)."""
+    try:
+        return (await sub.consumer_info()).num_pending == 0
+    except (NatsError, TimeoutError):
+        return False
 
 
 async def latest(

@@ -67,6 +67,8 @@ async def withheld_from(request: Request, credentials: HTTPAuthorizationCredenti
         principal = await authenticator.authenticate(credentials.credentials)
         authenticator.rate.charge(principal.tenant)
     except ApiError as exc:  # its code only: a message may name the issuer's address
+        if exc.status == 429:  # a good token, asking too often
+            return f"too many requests for your tenant ({exc.code}); retry shortly; {ANONYMOUS}"
         return (
             f"your token was not accepted ({exc.code}; GET /api/v1/auth/me with it says why); "
             f"{ANONYMOUS}"

@@ -138,3 +138,19 @@ def test_doctor_gives_each_down_component_its_own_advice_and_names_daytona() -> 
     (daytona,) = [r for r in component_rows([{"name": "nats", "state": "up"}]) if r[0] == "daytona"]
     assert daytona[1] is True
     assert daytona[2].startswith("not configured: sandboxes run on the local provider")
+
+
+def test_the_development_token_is_never_sent_to_another_gateway(tmp_path: Path) -> None:
+    """FLEET_URL without FLEET_TOKEN used to get the local mesh's 30-day admin token minted
+    and sent to it; and with no mesh running (no up.json), to whatever answers on the default
+    port."""
+    (tmp_path / "running").mkdir()
+    mesh = a_mesh_dir(tmp_path / "running", "http://127.0.0.1:7001")
+    with pytest.raises(ClientError, match=r"set FLEET_TOKEN .* never sent to another address"):
+        find_target(mesh, env={"FLEET_URL": "https://mesh.example.test"})
+    assert find_target(mesh, env={"FLEET_URL": "http://127.0.0.1:7001/"}).token  # its own
+
+    stopped = tmp_path / "stopped"
+    dev_token(stopped / "gateway")  # a secret from an earlier run; no fleet up now
+    with pytest.raises(ClientError, match=r"none is running: no up.json"):
+        find_target(stopped, env={})

@@ -16,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from fleet_cli.mesh import gateway_dir
-from fleet_cli.status import gateway_url
+from fleet_cli.status import gateway_url, recorded_gateway
 from fleet_events import new_id
 from fleet_gateway.auth import SECRET_FILE, dev_token
 
@@ -55,6 +55,15 @@ def find_target(data_dir: Path, env: Mapping[str, str] | None = None) -> Target:
     source = "FLEET_URL" if env.get("FLEET_URL") else f"{data_dir}/up.json"
     if not token:
         token = mint_token(data_dir)
+        recorded = recorded_gateway(data_dir)
+        if recorded is None or url.rstrip("/") != recorded.rstrip("/"):
+            # the local mesh's development token (an admin's, 30 days) goes to that mesh only
+            raise ClientError(
+                f"{url.rstrip('/')} is not the gateway of the mesh running from {data_dir} "
+                + ("(none is running: no up.json)" if recorded is None else f"({recorded})")
+                + ": set FLEET_TOKEN to a token that gateway accepts, or start the local mesh "
+                "with `fleet up` (its development token is never sent to another address)"
+            )
         source += f" and the development token of {gateway_dir(data_dir)}"
     return Target(url.rstrip("/"), token, source)
 

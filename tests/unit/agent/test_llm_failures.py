@@ -114,6 +114,12 @@ def test_the_timeout_message_names_the_profiles_timeout() -> None:
     assert "raise timeout_s of profile 'main'" in message
 
 
+def test_a_gateway_timeout_is_not_blamed_on_the_profiles_timeout() -> None:
+    message = classify(lm15.TimeoutError("t", status=504), SITE).message
+    assert "timed out before answering, HTTP 504" in message
+    assert "timeout_s" not in message  # raising ours would not help
+
+
 def test_the_unreachable_message_names_the_address() -> None:
     message = LlmFailure(code="llm_unreachable", site=SITE).message
     assert "the server of profile 'main' at http://10.0.0.5:8000/v1 cannot be reached" in message

@@ -187,6 +187,13 @@ def _http(f: LlmFailure) -> str:
 
 
 def _timeout(f: LlmFailure) -> str:
+    # litellm marks our own client timeout 408; a 504 is a gateway before the model giving up
+    if f.status == 504:
+        return (
+            f"the server of the {_where(f)} timed out before answering{_http(f)}: ask again; "
+            "if it keeps happening, use a faster model or ask its operator (a proxy in front "
+            "of the model may time out sooner than the model answers)"
+        )
     return (
         f"the {_where(f)} did not answer within the profile's timeout of {f.site.timeout_s:g} s"
         f": ask again; if it keeps happening, raise timeout_s of profile {f.site.profile!r} "

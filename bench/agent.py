@@ -17,7 +17,10 @@ OpenAI-compatible model server in this process on loopback, answering from a scr
    `fork_ready=False` one, and that difference against the mesh's cell time per iteration.
 
 Run: `.venv/bin/python bench/agent.py [--quick]`. Goals are printed beside the figures, never
-asserted. Each part starts its own nats-server and processes and stops them.
+asserted. `--compare-with TREE` runs only part 1, through two meshes: the agent of another
+checkout (`mkdir /tmp/head && git archive HEAD | tar -x -C /tmp/head`) as the baseline, this
+tree's as the project, turns alternated, so a change is measured as a ratio under one load.
+Each part starts its own nats-server and processes and stops them.
 """
 
 import argparse
@@ -454,6 +457,80 @@ async def trajectory_part(
         await asyncio.to_thread(mesh.stop)
 
 
+# -- --compare-with: another tree's agent, side by side ---------------------------------------
+
+
+SOURCE_ROOTS = ("libs/*/src", "services/*/src")
+
+
+def pythonpath_of(tree: Path) -> str:
+    """The source folders of another checkout of this project, first on an agent's path, so
+    the process runs that tree's code (the venv's editable installs come after them)."""
+    found = [str(p) for pattern in SOURCE_ROOTS for p in sorted(tree.glob(pattern))]
+    if not found:
+        raise SystemExit(f"--compare-with {tree}: no libs/*/src or services/*/src there")
+    return ":".join(found)
+
+
+async def compare_part(root: Path, other: Path, samples: int, latencies: list[float]) -> None:
+    """Part 1's trajectory through two meshes, the agent of `other` (e.g. `git archive HEAD`
+    unpacked) as the baseline and this tree's as the project, turns alternated, so a change's
+    effect is read as a ratio under the same load."""
+    env = {
+        "FLEET_AGENT_RUNNER": "rlm", "FLEET_AGENT_TURN_SLOTS": "1",
+        "FLEET_ENGINE_CHILD_SLOTS": "2", "FLEET_ENGINE_MAX_ITERS": str(ITERS),
+        "FLEET_ENGINE_MAX_LLM_CALLS": "50",
+    }  # fmt: skip
+    meshes = [
+        await asyncio.to_thread(
+            start_mesh, root / "other", {**env, "PYTHONPATH": pythonpath_of(other)}, 1, True
+        ),
+        await asyncio.to_thread(start_mesh, root / "this", env, 1, True),
+    ]
+    try:
+        conns = [await connect(m.server.url, name="bench-compare") for m in meshes]
+        try:
+            for latency in latencies:
+                await compare_at(conns, other, samples, latency)
+        finally:
+            for nc in conns:
+                await nc.close()
+    finally:
+        for mesh in meshes:
+            await asyncio.to_thread(mesh.stop)
+
+
+async def compare_at(conns: list[Client], other: Path, samples: int, latency: float) -> None:
+    profiles: list[list[Profile]] = [[], []]
+    with ScriptedLM(trajectory, latency_s=latency) as fake:
+        sides = []
+        for nc in conns:
+            tenant = f"b{new_id()[:8]}"
+            await use_model(nc, tenant, fake)
+            sides.append(await Turns(nc, tenant).open())
+
+        def turn(index: int) -> Callable[[], Any]:
+            async def run() -> None:
+                session, turn, ended = await sides[index].ask("ROOT bench: follow the steps")
+                await asyncio.wait_for(ended, 300)
+                profiles[index].append(await profile_of(sides[index], session, turn))
+
+            return run
+
+        base, proj = await side.side_by_side(turn(0), turn(1), samples=samples, warmup=1, block=1)
+    side.report(
+        f"the {ITERS}-iteration trajectory at {latency * 1000:.0f} ms through the mesh: the "
+        f"agent of {other} (baseline) vs this tree's (project)",
+        base, proj, goal="a change's effect (below 1: this tree is faster)", unit="run",
+    )  # fmt: skip
+    for name, measured in zip(("baseline", "project"), profiles, strict=True):
+        p = mean_profile(measured[1:] or measured)
+        print(f"   {name}: per iteration: cells less model and children "
+              f"{p.cell_overhead / ITERS:.2f} ms, outside cells {p.outside_cells / ITERS:.2f} ms, "
+              f"children {p.children / ITERS:.2f} ms; per call beyond the model: llm_query "
+              f"{p.query_overhead:.2f} ms, step {p.step_overhead:.2f} ms", flush=True)  # fmt: skip
+
+
 # -- part 2: replicas --------------------------------------------------------------------------
 
 
@@ -606,6 +683,9 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         latencies = [0.0, args.latency_ms / 1000]
+        if args.compare_with is not None:
+            await compare_part(root, args.compare_with, args.samples, latencies)
+            return
         await trajectory_part(root, args.samples, latencies, args.cell_samples)
         if not args.skip_replicas:
             await replicas_part(root, args.turns, args.slots, args.replica_latency_ms / 1000)
@@ -623,6 +703,11 @@ if __name__ == "__main__":
     parser.add_argument("--turn-samples", type=int, default=200)
     parser.add_argument("--cell-samples", type=int, default=200)
     parser.add_argument("--skip-replicas", action="store_true")
+    parser.add_argument(
+        "--compare-with", type=Path, default=None, metavar="TREE",
+        help="only part 1, with the agent of another checkout (e.g. `git archive HEAD` "
+        "unpacked) as the baseline, beside this tree's",
+    )  # fmt: skip
     parsed = parser.parse_args()
     if parsed.quick:
         parsed.samples, parsed.latency_ms, parsed.turns = 1, 20.0, 8

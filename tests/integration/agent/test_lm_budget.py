@@ -2,9 +2,10 @@
 FAKE model server): a grant before every call, usage after it at the profile's prices, a
 refusal the model can read, and keys that go only where their profile sends them."""
 
+import concurrent.futures
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,14 @@ from fleet_agent.lm import (
     LmCallFailed,
     LmNotConfigured,
     LmServices,
+    PendingUsage,
     budgeted_lm,
 )
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import bus, new_id, streams
 from fleet_events.budget import GetStatus, OpenTree, TreeStatus, tree_subject
 from fleet_events.bus import Ping
+from fleet_events.chain import TYPE_HEADER
 from fleet_events.llm import LlmProfile, Prices, cost
 from fleet_events.run import LlmCalled
 from fleet_harness.procs import Launcher
@@ -328,3 +331,59 @@ async def test_the_async_path_is_granted_too(tenant: Tenant) -> None:
             await lm.acall("again")
         assert sum(fake.calls.values()) == 1
         assert len(calls) == 1
+
+
+def test_a_runs_reports_in_flight_land_before_its_next_grant_and_its_end(tenant: Tenant) -> None:
+    """With a run's `PendingUsage`, a call's answer does not wait for its usage report; the
+    run's next grant does, and `settle` (the run's end) waits for the last: on the tree's
+    ledger every call's usage precedes the next grant, each call is recorded exactly once."""
+    with ScriptedLM(["one", "two", "three"]) as fake:
+        tenant.profile(model="openai/scripted", api_base=fake.base_url)
+        tree = tenant.open_tree(max_llm_calls=3)
+        usage = PendingUsage(tenant.line.submit, timeout_s=20)
+        scope = CallScope(tenant=tenant.id, tree=tree, run=new_id(), role="planner", kind="sub")
+        counter = iter(range(1, 10))
+        lm = budgeted_lm(
+            tenant.line, tenant.services, scope, usage=usage,
+            grant_id=lambda: f"{scope.run}-g{next(counter)}",
+        )  # fmt: skip
+        assert [lm("a")[0], lm("b")[0], lm("c")[0]] == ["one", "two", "three"]
+        usage.settle()
+    status = tenant.status(tree)
+    assert (status.granted, status.calls_recorded) == (3, 3)
+    ledger = tenant.line.run(ledger_ids(tenant.line, tree_subject(tree)), timeout=10)
+    decisions = [(kind, ident) for kind, ident in ledger if kind != "budget.tree_opened"]
+    g = [f"{scope.run}-g{n}" for n in (1, 2, 3)]
+    assert decisions == [
+        ("budget.granted", g[0]), ("budget.usage_recorded", f"{g[0]}-usage"),
+        ("budget.granted", g[1]), ("budget.usage_recorded", f"{g[1]}-usage"),
+        ("budget.granted", g[2]), ("budget.usage_recorded", f"{g[2]}-usage"),
+    ]  # fmt: skip
+
+
+def test_a_report_that_fails_fails_the_runs_next_grant() -> None:
+    """A report left in flight is not forgotten: its failure is raised by `settle`."""
+
+    def failing(work: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        work.close()
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_exception(rpc.NoFinalAnswer("budget.usage: no answer in 15s"))
+        return future
+
+    usage = PendingUsage(failing, timeout_s=1)
+
+    async def report() -> None:
+        pass
+
+    usage.send(report())
+    with pytest.raises(rpc.NoFinalAnswer, match="no answer"):
+        usage.settle()
+    usage.settle()  # raised once: the next settle has nothing in flight
+
+
+async def ledger_ids(line: SandboxBus, subject: str) -> list[tuple[str, str]]:
+    store = await open_store(line.nc.jetstream(), streams.BUDGET)
+    return [
+        (raw.headers.get(TYPE_HEADER, ""), raw.headers.get("Nats-Msg-Id", ""))
+        async for raw in store.read_raw(subject)
+    ]

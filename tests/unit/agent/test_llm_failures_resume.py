@@ -1,6 +1,7 @@
 """A resumed run answers its model calls from the record as the live run was answered: a
-rate-limited attempt the LM asked again is passed over for the retry's answer, and a failure
-that ended the call fails again with its recorded kind."""
+rate-limited attempt the LM asked again is passed over for the retry's answer, a failure
+that ended the call fails again with its recorded kind, and every recorded call's usage is
+reported again (the live run did not wait for it)."""
 
 import asyncio
 from collections.abc import Coroutine
@@ -15,6 +16,7 @@ from fleet_agent.engine.recorder import RunRecorder
 from fleet_agent.engine.resume import Resume
 from fleet_agent.lm import BudgetedEngine, CallScope, LmCallFailed, _messages, _with_profile_limits
 from fleet_events import journal as jr
+from fleet_events.budget import RecordUsage
 from fleet_events.llm import LlmProfile
 from fleet_events.run import LlmCalled, request_digest
 from fleet_mesh.runtime_config import StoredProfile
@@ -36,6 +38,10 @@ class LiveLM:
     live: list[Request] = field(default_factory=list)
     runner: Loop = field(default_factory=Loop)
     scope: CallScope = field(default_factory=lambda: SCOPE)
+    reports: list[RecordUsage] = field(default_factory=list)
+
+    def report(self, usage: RecordUsage) -> None:
+        self.reports.append(usage)
 
     async def _resolve(self) -> tuple[StoredProfile, str]:
         return StoredProfile(profile=PROFILE, tenant="t", revision=1), "unused"
@@ -113,3 +119,24 @@ def test_a_retry_the_dead_holder_never_made_is_made_live() -> None:
         journal_engine.complete(REQUEST)
     assert reused.ids == ["r-l1"]
     assert len(live.live) == 1
+
+
+def test_each_recorded_call_reports_its_usage_again_under_its_own_id() -> None:
+    """The live run handed the answer on with its usage report in flight: a replica that died
+    then may have taken the report with it, so the resumed run sends it again, as recorded
+    (the budget answers a report it holds by its id, so nothing counts twice)."""
+    limited = recorded(
+        1, error="RateLimitError", error_code="llm_rate_limited", retry_in_s=1.0,
+        grant_id="r-g1", prompt_tokens=7,
+    )  # fmt: skip
+    answered = recorded(
+        2, response="three", grant_id="r-g2", prompt_tokens=7, completion_tokens=3, cost=0.25
+    )
+    journal_engine, live, _ = engine(limited, answered)
+    journal_engine.complete(REQUEST)
+    assert [(u.request_id, u.prompt_tokens, u.completion_tokens, u.cost) for u in live.reports] == [
+        ("r-g1-usage", 7, 0, 0.0), ("r-g2-usage", 7, 3, 0.25),
+    ]  # fmt: skip
+    assert {(u.tree, u.run, u.role, u.model) for u in live.reports} == {
+        ("tr", "r", "planner", PROFILE.model)
+    }

@@ -50,6 +50,13 @@ class RecordedCall:
     error_code: str = ""
     retried: bool = False
     """It failed and was asked again (the next call with its digest is the retry)."""
+    grant_id: str = ""
+    model: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    """What its usage report said: a resumed run sends it again (the budget answers a report
+    it holds by its id), in case the replica died with the report in flight."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +252,8 @@ def _call(event: LlmCalled) -> RecordedCall:
         index=event.index, call_id=event.call_id, request_hash=event.request_hash,
         response=event.response, kind=event.request_kind, cell=event.cell, role=event.role,
         error=event.error, error_code=event.error_code, retried=event.retry_in_s > 0,
+        grant_id=event.grant_id, model=event.model, prompt_tokens=event.prompt_tokens,
+        completion_tokens=event.completion_tokens, cost=event.cost,
     )  # fmt: skip
 
 

@@ -14,7 +14,9 @@ Response`), so this is a pair of dspy engines behind an ordinary `dspy.LM`. For 
    arrives (`fleet_agent.answer_stream`): the run publishes it on the session's live subject,
    while the recorded call still holds the whole response;
 4. record usage (`budget.usage`), failed calls included, at the profile's prices, and hand an
-   `LlmCalled` event to `on_call` for the run engine to append;
+   `LlmCalled` event to `on_call` for the run engine to append; with `usage` (a run's
+   `PendingUsage`) the report is sent and not waited for: the run's next grant, and its end,
+   wait for it instead (`PendingUsage`);
 5. a failed call raises `LmCallFailed` naming its kind (`fleet_agent.llm_failures`: the code,
    whether asking again may help, what to do), recorded as the call's `error_code`; a rate
    limit with a short `Retry-After` is asked again after that wait, as a call of its own
@@ -27,9 +29,11 @@ goes anywhere.
 """
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -148,6 +152,48 @@ class Runner(Protocol):
     def run(self, work: Coroutine[Any, Any, T], *, timeout: float) -> T: ...
 
 
+Submit = Callable[[Coroutine[Any, Any, Any]], "concurrent.futures.Future[Any]"]
+"""Starts a coroutine on the runner's loop without waiting for it (`SandboxBus.submit`)."""
+
+
+class PendingUsage:
+    """The usage reports of one run that are sent and not yet answered, shared by its LMs.
+
+    A report is the ledger's durable append, one round trip the call's answer does not need:
+    the answer goes back to dspy at once and the report overlaps what follows (the record,
+    the relay into the sandbox, dspy's parsing). What the report guaranteed still holds because
+    the run waits for every report in flight (`settle`) before its next grant and before its
+    end: the ledger holds a call's usage before the run's next call is granted (the overshoot
+    bound of docs/budget.md), a report that fails fails the next call or the run's end instead
+    of vanishing, and a retry of a report is the same request (its id is the grant's), which
+    the budget answers once. A report lost with its replica is sent again by the resumed run
+    (`JournalEngine`)."""
+
+    def __init__(self, submit: Submit, timeout_s: float) -> None:
+        self._submit = submit
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._in_flight: list[concurrent.futures.Future[Any]] = []
+
+    def send(self, report: Coroutine[Any, Any, Any]) -> None:
+        future = self._submit(report)
+        with self._lock:
+            self._in_flight.append(future)
+
+    def settle(self) -> None:
+        """Wait for every report in flight; the first that failed raises here."""
+        with self._lock:
+            waiting, self._in_flight = self._in_flight, []
+        failed: BaseException | None = None
+        for future in waiting:
+            try:
+                future.result(self._timeout_s)
+            except BaseException as exc:  # every report is waited for before one raises
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+
 @dataclass(frozen=True)
 class LmServices:
     """What an LM needs from the mesh, all bound to the runner's loop."""
@@ -226,9 +272,11 @@ class BudgetedEngine:
         grant_id: Callable[[], str] = new_id,
         deadline_s: float = CLIENT_DEADLINE_S,
         run_deadline: float | None = None,
+        usage: PendingUsage | None = None,
     ) -> None:
         """`deadline_s`: the budget client's deadline per request; `run_deadline`: the
-        run's own (epoch seconds, None for none), which no retry waits past."""
+        run's own (epoch seconds, None for none), which no retry waits past; `usage`: the
+        run's reports in flight (None: each report is waited for before the answer returns)."""
         self.runner = runner
         self.services = services
         self.scope = scope
@@ -237,6 +285,7 @@ class BudgetedEngine:
         self.grant_id = grant_id
         self.deadline_s = deadline_s
         self.run_deadline = run_deadline
+        self.usage = usage
 
     # -- mesh steps, run on the runner's loop ----------------------------------------------
 
@@ -288,6 +337,13 @@ class BudgetedEngine:
             retry_codes=RETRYABLE_CODES,
         )
 
+    def report(self, usage: RecordUsage) -> None:
+        """Send a call's usage: waited for here, or left in flight in the run's `usage`."""
+        if self.usage is None:
+            self.runner.run(self._usage(usage), timeout=self.deadline_s + 5)
+        else:
+            self.usage.send(self._usage(usage))
+
     # -- the engine protocol -------------------------------------------------------------------
 
     def complete(self, request: Request) -> Response:
@@ -305,6 +361,8 @@ class BudgetedEngine:
     ) -> Response:
         """One granted, recorded provider call; a failure raises `LmCallFailed`."""
         grant_id = self.grant_id()
+        if self.usage is not None:
+            self.usage.settle()  # the ledger holds every earlier call's usage before this grant
         reply = self.runner.run(self._grant(grant_id), timeout=self.deadline_s + 5)
         if not reply.granted:
             message = reply.message or f"budget spent: {reply.reason or 'grant refused'}"
@@ -339,20 +397,17 @@ class BudgetedEngine:
         prompt = (response.usage.input_tokens or 0) if response else 0
         completion = (response.usage.output_tokens or 0) if response else 0
         spent = cost(profile.prices, prompt, completion)
-        self.runner.run(
-            self._usage(
-                RecordUsage(
-                    request_id=f"{grant_id}-usage",
-                    tree=self.scope.tree,
-                    run=self.scope.run,
-                    prompt_tokens=prompt,
-                    completion_tokens=completion,
-                    cost=spent,
-                    model=profile.model,
-                    role=self.scope.role,
-                )
-            ),
-            timeout=self.deadline_s + 5,
+        self.report(
+            RecordUsage(
+                request_id=f"{grant_id}-usage",
+                tree=self.scope.tree,
+                run=self.scope.run,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                cost=spent,
+                model=profile.model,
+                role=self.scope.role,
+            )
         )
         if self.on_call is not None:
             self.on_call(
@@ -449,6 +504,7 @@ def budgeted_lm(
     on_delta: OnDelta | None = None,
     grant_id: Callable[[], str] = new_id,
     run_deadline: float | None = None,
+    usage: PendingUsage | None = None,
 ) -> Any:
     """A `dspy.LM` whose every call is granted, made with the role's profile, and recorded.
 
@@ -459,7 +515,7 @@ def budgeted_lm(
     """
     engine = BudgetedEngine(
         runner, services, scope, on_call=on_call, on_delta=on_delta, grant_id=grant_id,
-        run_deadline=run_deadline,
+        run_deadline=run_deadline, usage=usage,
     )  # fmt: skip
     return dspy.LM(
         f"openai/fleet-{scope.role}",
@@ -481,6 +537,7 @@ __all__ = [
     "LmNotConfigured",
     "LmServices",
     "OnDelta",
+    "PendingUsage",
     "Runner",
     "budgeted_lm",
     "call_site",

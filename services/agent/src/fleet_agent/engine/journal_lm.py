@@ -9,6 +9,11 @@ call with no recorded match goes to the budgeted LM, whose grant id comes from t
 past every recorded index, so a live call never takes a recorded call's key. A recorded
 failure the LM asked again (`retry_in_s`) is passed over for the retry recorded after it; one
 that ended the call raises again with its recorded kind.
+
+Each recorded call answered here sends its usage report again, as recorded and under the same
+request id: the budgeted LM does not wait for a report before the call's answer is used (and
+recorded), so a replica that died just then may have taken the report with it. The budget
+answers a report it already holds by its id and counts nothing twice.
 """
 
 import asyncio
@@ -27,6 +32,8 @@ from fleet_agent.lm import (
     _with_profile_limits,
     call_site,
 )
+from fleet_events.budget import RecordUsage
+from fleet_events.journal import RecordedCall
 from fleet_events.run import request_digest
 
 
@@ -47,17 +54,31 @@ class JournalEngine:
         digest = request_digest(model, messages, params)
         call = self.resume.take_call(digest)
         while call is not None and call.retried:  # the LM asked again: the retry answers
-            self.recorder.reused_call(call.call_id, call.kind)
+            self._reuse(call)
             call = self.resume.take_call(digest)
         if call is None:
             return self.inner.complete(request)
-        self.recorder.reused_call(call.call_id, call.kind)
+        self._reuse(call)
         if call.error:  # the recorded call failed: it fails the same way, of the same kind
             known = call.error_code in LLM_FAILURES
             site = call_site(stored.profile, self.inner.scope.role)
             failure = LlmFailure(code=call.error_code, site=site) if known else None
             raise LmCallFailed(call.error, failure)
         return self.resume.response(call, model)
+
+    def _reuse(self, call: RecordedCall) -> None:
+        """Counted as the run's, and its usage reported again (see the module's docstring)."""
+        self.recorder.reused_call(call.call_id, call.kind)
+        if not call.grant_id:
+            return
+        scope = self.inner.scope
+        self.inner.report(
+            RecordUsage(
+                request_id=f"{call.grant_id}-usage", tree=scope.tree, run=scope.run,
+                prompt_tokens=call.prompt_tokens, completion_tokens=call.completion_tokens,
+                cost=call.cost, model=call.model, role=call.role,
+            )
+        )  # fmt: skip
 
     def stream(self, request: Request) -> Any:
         return self.inner.stream(request)

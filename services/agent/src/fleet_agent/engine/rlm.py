@@ -51,12 +51,13 @@ from fleet_agent.engine.recorder import INLINE_BYTES, TOOL_CALL, RunRecorder
 from fleet_agent.engine.resume import Resume, load_journal, recorded_answer
 from fleet_agent.interpreter import EXECUTION_INSTRUCTIONS, RemoteInterpreter
 from fleet_agent.llm_failures import LLM_FAILURES
-from fleet_agent.lm import CallScope, budgeted_lm, failure_of
+from fleet_agent.lm import CallScope, PendingUsage, budgeted_lm, failure_of
 from fleet_agent.runners import stated_failure
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import bus as verbs
 from fleet_events import new_id
 from fleet_events import sandbox as sb
+from fleet_events.budget import CLIENT_DEADLINE_S
 from fleet_events.journal import Journal, RecordedCell
 from fleet_events.run import (
     CellExecuted,
@@ -620,6 +621,7 @@ def _forward(
     """dspy's synchronous loop, in a thread of its own (it blocks on the bus for every step)."""
     recorder = hooks.recorder
     mesh = ctx.mesh
+    usage = PendingUsage(mesh.bus.submit, timeout_s=CLIENT_DEADLINE_S + 5)
 
     def lm(role: str, kind: Any) -> Any:
         scope = CallScope(tenant=ctx.tenant, tree=ctx.tree, run=ctx.run, role=role, kind=kind)
@@ -629,7 +631,7 @@ def _forward(
         budgeted = budgeted_lm(
             mesh.bus, mesh.lm, scope, on_call=recorder.on_llm_call,
             on_delta=recorder.live if streams else None, grant_id=recorder.next_grant_id,
-            run_deadline=ctx.deadline,
+            run_deadline=ctx.deadline, usage=usage,
         )  # fmt: skip
         return journal_lm(budgeted, hooks.resume, recorder) if hooks.resume.active else budgeted
 
@@ -648,5 +650,20 @@ def _forward(
         interpreter_factory=RecordingFactory(hooks, **options),
     )
     adapter = dspy.ChatAdapter(use_json_adapter_fallback=False)
-    with dspy.context(lm=lm(task.planner_role, "step"), adapter=adapter):
-        return rlm(**task.inputs)
+    try:
+        with dspy.context(lm=lm(task.planner_role, "step"), adapter=adapter):
+            answer = rlm(**task.inputs)
+    except BaseException:
+        _settle_quietly(usage)  # the run's own error is the one to report
+        raise
+    usage.settle()  # the run ends once the ledger holds every call's usage
+    return answer
+
+
+def _settle_quietly(usage: PendingUsage) -> None:
+    """Wait for the reports of a run that failed: they are still owed to the ledger, but a
+    report's failure must not hide why the run ended."""
+    try:
+        usage.settle()
+    except Exception:
+        log.warning("a usage report of a failed run could not be recorded", exc_info=True)

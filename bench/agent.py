@@ -71,6 +71,7 @@ from fleet_events.session import (
 from fleet_harness import bench as side
 from fleet_harness.procs import Replica, start_answering
 from fleet_harness.scripted_lm import Reply, ScriptedLM, ScriptedRequest
+from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.connection import connect
@@ -304,8 +305,19 @@ class Profile:
         return self.run_wall - self.cells - self.step_model
 
 
+async def ended_log(turns: Turns, session: str) -> list[Envelope[Any]]:
+    """The session's log once a read of it holds the turn's end: the end is heard on the core
+    subscription a moment before every read of the stream is sure to return it."""
+
+    async def read() -> list[Envelope[Any]] | None:
+        log = await turns.read(log_subject(turns.tenant, session))
+        return log if any(isinstance(e.data, TurnCompleted | TurnFailed) for e in log) else None
+
+    return await eventually(read, timeout=10, what=f"the end of session {session}'s turn")
+
+
 async def profile_of(turns: Turns, session: str, turn: str) -> Profile:
-    log = await turns.read(log_subject(turns.tenant, session))
+    log = await ended_log(turns, session)
     run = root_run_id(turns.tenant, session, turn)
     events = await turns.read(run_subject(turns.tenant, session, run))
     at: dict[type[Any], datetime] = {}

@@ -7,7 +7,8 @@ Response`), so this is a pair of dspy engines behind an ordinary `dspy.LM`. For 
    the next call on every replica);
 2. ask `budget.grant` under the client rule of docs/budget.md, saying whether this is a run's own
    step (bounded by `max_iters`) or a sub call (bounded by `max_llm_calls`); a refusal raises
-   `BudgetSpent`, whose message ("budget spent: ...") the model can read and act on;
+   `BudgetSpent`, whose message ("budget spent: ...") the model can read and act on (the first
+   attempt's grant follows the lookup in the same trip to the runner's loop);
 3. call the model through LiteLLM with the profile's address, key, timeout, limits and seed, in
    the fields its server honours (`fleet_agent.llm_wire`); with `on_delta` given, a reply that
    carries an `answer` field is streamed and that field's text handed to `on_delta` as it
@@ -347,23 +348,47 @@ class BudgetedEngine:
     # -- the engine protocol -------------------------------------------------------------------
 
     def complete(self, request: Request) -> Response:
-        stored, api_key = self.runner.run(self._resolve(), timeout=30)
+        self._settle_usage()
+        stored, api_key, first = self.runner.run(
+            self._resolve_and_grant(), timeout=30 + self.deadline_s + 5
+        )
         request = _with_profile_limits(request, stored.profile)
         for attempt in stamina.retry_context(
             on=_retry_hook, attempts=RATE_LIMIT_RETRIES + 1, timeout=None
         ):
             with attempt:  # attempt.num counts from 1: the retries made before this one
-                return self._attempt(request, stored.profile, api_key, attempt.num - 1)
+                granted = first if attempt.num == 1 else self._granted()
+                return self._attempt(request, stored.profile, api_key, attempt.num - 1, granted)
         raise AssertionError("unreachable: stamina re-raises the last attempt's error")
 
+    async def _resolve_and_grant(self) -> tuple[StoredProfile, str, tuple[str, GrantReply]]:
+        """The profile and key, then the first attempt's grant, in one trip to the runner's
+        loop: each trip from dspy's thread is a hop there and back, a millisecond or more on
+        a loaded machine. A role with no usable profile still asks for no grant."""
+        stored, api_key = await self._resolve()
+        grant_id = self.grant_id()
+        return stored, api_key, (grant_id, await self._grant(grant_id))
+
+    def _granted(self) -> tuple[str, GrantReply]:
+        """A retry's own grant, after the failed attempt's usage report is in."""
+        self._settle_usage()
+        grant_id = self.grant_id()
+        return grant_id, self.runner.run(self._grant(grant_id), timeout=self.deadline_s + 5)
+
+    def _settle_usage(self) -> None:
+        if self.usage is not None:
+            self.usage.settle()  # the ledger holds every earlier call's usage before a grant
+
     def _attempt(
-        self, request: Request, profile: LlmProfile, api_key: str, retries: int
+        self,
+        request: Request,
+        profile: LlmProfile,
+        api_key: str,
+        retries: int,
+        granted: tuple[str, GrantReply],
     ) -> Response:
         """One granted, recorded provider call; a failure raises `LmCallFailed`."""
-        grant_id = self.grant_id()
-        if self.usage is not None:
-            self.usage.settle()  # the ledger holds every earlier call's usage before this grant
-        reply = self.runner.run(self._grant(grant_id), timeout=self.deadline_s + 5)
+        grant_id, reply = granted
         if not reply.granted:
             message = reply.message or f"budget spent: {reply.reason or 'grant refused'}"
             if not message.startswith("budget spent"):

@@ -46,7 +46,7 @@ class LiveLM:
     async def _resolve(self) -> tuple[StoredProfile, str]:
         return StoredProfile(profile=PROFILE, tenant="t", revision=1), "unused"
 
-    def complete(self, request: Request) -> Response:
+    def complete(self, request: Request, *, retries_made: int = 0) -> Response:
         self.live.append(request)
         raise AssertionError("a recorded call went to the model")
 
@@ -140,3 +140,46 @@ def test_each_recorded_call_reports_its_usage_again_under_its_own_id() -> None:
     assert {(u.tree, u.run, u.role, u.model) for u in live.reports} == {
         ("tr", "r", "planner", PROFILE.model)
     }
+
+
+def test_a_resumed_failure_says_what_the_live_one_said() -> None:
+    """The words of a failure name its HTTP status and the provider's Retry-After: a cell
+    printing the error, and a replay comparing that output, must see the same text resumed."""
+    limited = recorded(
+        1, error="RateLimitError: slow down", error_code="llm_rate_limited",
+        http_status=429, retry_after_s=30.0,
+    )  # fmt: skip
+    journal_engine, _, _ = engine(limited)
+    with pytest.raises(LmCallFailed) as caught:
+        journal_engine.complete(REQUEST)
+    assert "retry after 30 s" in str(caught.value)
+    refused = recorded(1, error="AuthError", error_code="llm_auth_failed", http_status=401)
+    journal_engine, _, _ = engine(refused)
+    with pytest.raises(LmCallFailed) as caught:
+        journal_engine.complete(REQUEST)
+    assert "(role planner), HTTP 401:" in str(caught.value)
+
+
+@dataclass
+class CountingLM(LiveLM):
+    retries: list[int] = field(default_factory=list)
+
+    def complete(self, request: Request, *, retries_made: int = 0) -> Response:
+        self.retries.append(retries_made)
+        raise AssertionError("a recorded call went to the model")
+
+
+def test_retries_made_before_a_resume_count_against_the_retry_limit() -> None:
+    """Two rate-limited attempts were asked again before the holder died: the live call made
+    on resume is told so, and may not start the retry count from zero."""
+    first = recorded(1, error="RateLimitError", error_code="llm_rate_limited", retry_in_s=1.0)
+    second = recorded(2, error="RateLimitError", error_code="llm_rate_limited", retry_in_s=1.0)
+    journal = jr.Journal()
+    for event in (first, second):
+        jr.evolve(journal, event)
+    live = CountingLM()
+    resume = Resume(cast(Any, None), journal)
+    journal_engine = JournalEngine(cast(BudgetedEngine, live), resume, cast(RunRecorder, Reused()))
+    with pytest.raises(AssertionError, match="a recorded call went to the model"):
+        journal_engine.complete(REQUEST)
+    assert live.retries == [2]

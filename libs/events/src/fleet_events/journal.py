@@ -50,6 +50,8 @@ class RecordedCall:
     error_code: str = ""
     retried: bool = False
     """It failed and was asked again (the next call with its digest is the retry)."""
+    http_status: int = 0
+    retry_after_s: float | None = None
     grant_id: str = ""
     model: str = ""
     prompt_tokens: int = 0
@@ -252,6 +254,7 @@ def _call(event: LlmCalled) -> RecordedCall:
         index=event.index, call_id=event.call_id, request_hash=event.request_hash,
         response=event.response, kind=event.request_kind, cell=event.cell, role=event.role,
         error=event.error, error_code=event.error_code, retried=event.retry_in_s > 0,
+        http_status=event.http_status, retry_after_s=event.retry_after_s,
         grant_id=event.grant_id, model=event.model, prompt_tokens=event.prompt_tokens,
         completion_tokens=event.completion_tokens, cost=event.cost,
     )  # fmt: skip

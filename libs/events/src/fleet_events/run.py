@@ -157,6 +157,11 @@ class LlmCalled(Event, frozen=True, kw_only=True, tag="run.llm_called"):
     retry_in_s: float = 0.0
     """A failed call the LM asked again after this wait (a rate limit's `Retry-After`): the
     retry is the next `run.llm_called` with the same `request_hash`."""
+    http_status: int = 0
+    """A failed call's HTTP status (0: none came back); with `retry_after_s`, what a resumed
+    or replayed run needs to fail the call with the same words the live run saw."""
+    retry_after_s: float | None = None
+    """The provider's `Retry-After` on a failed call, if it sent one."""
     cell: str = ""
     cached: bool = False
     recorded: bool = False

@@ -347,18 +347,20 @@ class BudgetedEngine:
 
     # -- the engine protocol -------------------------------------------------------------------
 
-    def complete(self, request: Request) -> Response:
+    def complete(self, request: Request, *, retries_made: int = 0) -> Response:
+        """`retries_made`: retries of this call a run before a resume already made (the
+        record holds them); they count against `RATE_LIMIT_RETRIES` as if made here."""
         self._settle_usage()
         stored, api_key, first = self.runner.run(
             self._resolve_and_grant(), timeout=30 + self.deadline_s + 5
         )
         request = _with_profile_limits(request, stored.profile)
-        for attempt in stamina.retry_context(
-            on=_retry_hook, attempts=RATE_LIMIT_RETRIES + 1, timeout=None
-        ):
+        attempts = max(1, RATE_LIMIT_RETRIES + 1 - retries_made)
+        for attempt in stamina.retry_context(on=_retry_hook, attempts=attempts, timeout=None):
             with attempt:  # attempt.num counts from 1: the retries made before this one
                 granted = first if attempt.num == 1 else self._granted()
-                return self._attempt(request, stored.profile, api_key, attempt.num - 1, granted)
+                retries = retries_made + attempt.num - 1
+                return self._attempt(request, stored.profile, api_key, retries, granted)
         raise AssertionError("unreachable: stamina re-raises the last attempt's error")
 
     async def _resolve_and_grant(self) -> tuple[StoredProfile, str, tuple[str, GrantReply]]:
@@ -452,6 +454,8 @@ class BudgetedEngine:
                     error=error,
                     error_code=failure.code if failure else "",
                     retry_in_s=wait or 0.0,
+                    http_status=(failure.status or 0) if failure else 0,
+                    retry_after_s=failure.retry_after_s if failure else None,
                 )
             )
         if response is None:

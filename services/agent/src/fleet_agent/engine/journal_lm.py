@@ -53,16 +53,25 @@ class JournalEngine:
         messages, params = _messages(_with_profile_limits(request, stored.profile))
         digest = request_digest(model, messages, params)
         call = self.resume.take_call(digest)
+        retried = 0
         while call is not None and call.retried:  # the LM asked again: the retry answers
             self._reuse(call)
+            retried += 1
             call = self.resume.take_call(digest)
-        if call is None:
-            return self.inner.complete(request)
+        if call is None:  # the holder died before the retry: it is made live, as one more
+            return self.inner.complete(request, retries_made=retried)
         self._reuse(call)
-        if call.error:  # the recorded call failed: it fails the same way, of the same kind
+        if call.error:  # the recorded call failed: it fails the same way, in the same words
             known = call.error_code in LLM_FAILURES
             site = call_site(stored.profile, self.inner.scope.role)
-            failure = LlmFailure(code=call.error_code, site=site) if known else None
+            failure = (
+                LlmFailure(
+                    code=call.error_code, site=site, status=call.http_status or None,
+                    retry_after_s=call.retry_after_s,
+                )
+                if known
+                else None
+            )  # fmt: skip
             raise LmCallFailed(call.error, failure)
         return self.resume.response(call, model)
 

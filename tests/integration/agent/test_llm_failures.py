@@ -285,6 +285,9 @@ async def test_a_cells_llm_query_failure_reaches_the_code_with_its_kind(rlm: Ses
     assert (call.error_code, call.request_kind, call.cell) == (
         "llm_rate_limited", "sub", cell.cell_id,
     )  # fmt: skip
+    # the record holds the words the code saw: what `fleet replay` answers this call with
+    assert call.error_shown
+    assert ended.answer.endswith(call.error_shown)
     assert fake.calls == {"step": 1, "sub": 1}
 
 

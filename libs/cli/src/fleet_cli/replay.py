@@ -377,18 +377,29 @@ class _Answers:
         return named[n - 1] if 0 < n <= len(named) else None
 
     def _llm(self, prompts: list[str], *, batched: bool = False) -> sb.ToolReply:
+        """Each prompt answered as the live run was: the recorded response, or the recorded
+        failure in the words the cell saw (`llm_query` raised it; a batch holds it as
+        `[ERROR] …` in the prompt's place, as dspy's RLM puts it)."""
         answers = []
         for prompt in prompts:
             call = self._recorded_call(prompt)
             if call is None:
                 return sb.ToolReply(ok=False, error="replay: no recorded model response")
-            answers.append(_text(call.response, self.replayer.record.blobs))
+            if call.error and batched:
+                answers.append(f"[ERROR] {call.error_shown or call.error}")
+            elif call.error:  # as the agent's interpreter answers a tool that raised
+                return sb.ToolReply(
+                    ok=False, error=f"LmCallFailed: {call.error_shown or call.error}"
+                )
+            else:
+                answers.append(_text(call.response, self.replayer.record.blobs))
         return sb.ToolReply(ok=True, value=answers if batched else answers[0])
 
     def _recorded_call(self, prompt: str) -> LlmCalled | None:
-        ofcell = [
+        ofcell = [  # an attempt the LM asked again (a rate limit) answered nothing: its retry did
             (i, c) for i, c in enumerate(self.run.calls)
             if c.request_kind == "sub" and c.cell == self.cell and i not in self._used
+            and c.retry_in_s == 0
         ]  # fmt: skip
         same = [(i, c) for i, c in ofcell if _asked(c) == prompt]
         candidates = same or ofcell

@@ -162,6 +162,9 @@ class LlmCalled(Event, frozen=True, kw_only=True, tag="run.llm_called"):
     or replayed run needs to fail the call with the same words the live run saw."""
     retry_after_s: float | None = None
     """The provider's `Retry-After` on a failed call, if it sent one."""
+    error_shown: str = ""
+    """A failed call's error as its caller saw it (the exception's text: what a cell's
+    `llm_query` raised with, `[ERROR] …` in a batch); `fleet replay` answers with it."""
     cell: str = ""
     cached: bool = False
     recorded: bool = False

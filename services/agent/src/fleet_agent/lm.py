@@ -436,6 +436,7 @@ class BudgetedEngine:
                 role=self.scope.role,
             )
         )
+        raised = None if response is not None else LmCallFailed(error, failure, wait or 0.0)
         if self.on_call is not None:
             self.on_call(
                 LlmCalled(
@@ -456,15 +457,17 @@ class BudgetedEngine:
                     retry_in_s=wait or 0.0,
                     http_status=(failure.status or 0) if failure else 0,
                     retry_after_s=failure.retry_after_s if failure else None,
+                    error_shown=str(raised) if raised is not None else "",
                 )
             )
-        if response is None:
+        if raised is not None:
             if failure is not None:
                 log.warning(
                     "model call failed",
                     extra={"code": failure.code, "profile": profile.name, "retry_in_s": wait},
                 )
-            raise LmCallFailed(error, failure, retry_in_s=wait or 0.0)
+            raise raised
+        assert response is not None
         return response
 
     def _streamed(

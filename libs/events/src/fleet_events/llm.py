@@ -21,6 +21,21 @@ import msgspec
 
 from fleet_events.ids import check_id
 
+LLM_FAILURES = (
+    "llm_timeout",
+    "llm_rate_limited",
+    "llm_quota_exceeded",
+    "llm_auth_failed",
+    "llm_unreachable",
+    "llm_unavailable",
+    "llm_context_exceeded",
+    "llm_model_not_found",
+    "llm_bad_request",
+    "llm_error",
+)
+"""Every code a failed model call is recorded under (`run.llm_called.error_code`,
+`run.failed.reason`, `turn.failed.code`); the agent's `llm_failures` says which is which."""
+
 Role = Literal["planner", "delegate", "delegate_small", "reflection"]
 ROLES: tuple[Role, ...] = ("planner", "delegate", "delegate_small", "reflection")
 ROLE_USE = {

@@ -5,6 +5,7 @@ import msgspec
 from fleet_events import subjects
 from fleet_events.envelope import BlobRef, Event
 from fleet_events.ids import check_id
+from fleet_events.llm import LLM_FAILURES
 
 
 def log_subject(tenant: str, session: str) -> str:
@@ -131,16 +132,7 @@ TURN_FAILURES = (
     "poison",
     "sandbox_lost",
     "llm_not_configured",
-    "llm_timeout",
-    "llm_rate_limited",
-    "llm_quota_exceeded",
-    "llm_auth_failed",
-    "llm_unreachable",
-    "llm_unavailable",
-    "llm_context_exceeded",
-    "llm_model_not_found",
-    "llm_bad_request",
-    "llm_error",
+    *LLM_FAILURES,
     "repo_unavailable",
     "budget_spent",
 )

@@ -30,20 +30,7 @@ from dataclasses import dataclass
 
 from dspy import lm15
 
-LLM_FAILURES = (
-    "llm_timeout",
-    "llm_rate_limited",
-    "llm_quota_exceeded",
-    "llm_auth_failed",
-    "llm_unreachable",
-    "llm_unavailable",
-    "llm_context_exceeded",
-    "llm_model_not_found",
-    "llm_bad_request",
-    "llm_error",
-)
-"""Every code a failed model call is recorded under (`run.llm_called.error_code`,
-`run.failed.reason`, `turn.failed.code`)."""
+from fleet_events.llm import LLM_FAILURES
 
 RETRYABLE = frozenset({"llm_timeout", "llm_rate_limited", "llm_unreachable", "llm_unavailable"})
 NO_FALLBACK = frozenset(

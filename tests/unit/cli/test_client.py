@@ -2,6 +2,9 @@
 refused before any request is made."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jwt
@@ -154,3 +157,17 @@ def test_the_development_token_is_never_sent_to_another_gateway(tmp_path: Path) 
     dev_token(stopped / "gateway")  # a secret from an earlier run; no fleet up now
     with pytest.raises(ClientError, match=r"none is running: no up.json"):
         find_target(stopped, env={})
+
+
+def test_a_state_file_left_by_a_killed_fleet_up_is_not_a_running_mesh(tmp_path: Path) -> None:
+    """`fleet up` killed with SIGKILL leaves up.json behind: whatever answers on its port now is
+    not that mesh's gateway, and is sent no development token."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    mesh = a_mesh_dir(tmp_path, "http://127.0.0.1:7001")
+    state = json.loads((mesh / "up.json").read_text())
+    (mesh / "up.json").write_text(json.dumps({**state, "pid": int(ended.stdout)}))
+    with pytest.raises(ClientError, match=r"none is running"):
+        find_target(mesh, env={})
+    (mesh / "up.json").write_text(json.dumps({**state, "pid": os.getpid()}))  # alive
+    assert find_target(mesh, env={}).url == "http://127.0.0.1:7001"

@@ -27,14 +27,31 @@ class ReadyAnswer:
 
 
 def recorded_gateway(data_dir: Path) -> str | None:
-    """The gateway URL a running `fleet up` recorded in `data_dir`; None when none runs."""
+    """The gateway URL a running `fleet up` recorded in `data_dir`; None when none runs: no
+    `up.json`, or one left by a `fleet up` that was killed (its pid is gone, and whatever
+    listens on that port now is not this mesh's gateway)."""
     state = data_dir / "up.json"
     if state.exists():
         try:
-            return str(json.loads(state.read_text())["gateway"])
-        except (ValueError, KeyError):
+            recorded = json.loads(state.read_text())
+            return None if _gone(recorded.get("pid")) else str(recorded["gateway"])
+        except (ValueError, KeyError, AttributeError):
             pass
     return None
+
+
+def _gone(pid: object) -> bool:
+    """Whether the `fleet up` that wrote the state file has ended (a file with no pid, from
+    before it was recorded, is taken at its word)."""
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a process of another user holds that pid now: not our fleet up
+        return True
+    return False
 
 
 def gateway_url(data_dir: Path, explicit: str | None) -> str:

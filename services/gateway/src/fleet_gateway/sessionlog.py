@@ -31,7 +31,13 @@ from starlette.requests import HTTPConnection
 from fleet_events import Actor, Envelope, Event, new_id, utc_now
 from fleet_events.codec import Codec
 from fleet_events.ids import InvalidId, check_id
-from fleet_events.session import SessionCreated, log_subject, run_subject
+from fleet_events.session import (
+    DocumentLoaded,
+    DocumentRemoved,
+    SessionCreated,
+    log_subject,
+    run_subject,
+)
 from fleet_gateway.errors import ApiError, not_found
 from fleet_gateway.live import Hub
 from fleet_mesh.blobs import JetStreamBlobs
@@ -58,6 +64,29 @@ async def log_head(store: EventStore, tenant: str, session: str) -> Head:
     if head == EMPTY or head.seq == 0:
         raise not_found("session", session)
     return head
+
+
+async def documents_missing(
+    store: EventStore, tenant: str, session: str, named: list[str]
+) -> str | None:
+    """Why a turn naming `named` documents cannot be stored (None: every one is loaded). Read
+    from the session's own log, so an upload the projections have not applied yet counts; the
+    REST route and the WebSocket `message` frame each raise it as their own error."""
+    loaded: set[str] = set()
+    async for stored in store.replay(log_subject(tenant, session)):
+        match stored.envelope.data:
+            case DocumentLoaded(document=document):
+                loaded.add(document.alias)
+            case DocumentRemoved(alias=alias):
+                loaded.discard(alias)
+    missing = [doc for doc in named if doc not in loaded]
+    if not missing:
+        return None
+    return (
+        f"document(s) {', '.join(repr(d) for d in missing)} are not loaded in session "
+        f"{session!r}: upload them first (POST /api/v1/sessions/{session}/documents, "
+        f"alias=<id>); loaded: {', '.join(sorted(loaded)) or 'none'}"
+    )
 
 
 async def refuse_purged(store: EventStore, tenant: str, session: str) -> None:

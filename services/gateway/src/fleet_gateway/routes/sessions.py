@@ -20,15 +20,12 @@ from fleet_events.envelope import new_id
 from fleet_events.session import (
     EXECUTION_MODES,
     CancelRequested,
-    DocumentLoaded,
-    DocumentRemoved,
     SessionCreated,
     SessionDeleted,
     SessionImage,
     SessionPurged,
     SessionRenamed,
     TurnRequested,
-    log_subject,
     run_subject,
 )
 from fleet_events.session import PurgeSession as PurgeRequest
@@ -41,7 +38,13 @@ from fleet_gateway.projections.fold import stamp
 from fleet_gateway.projections.store import decode_cursor, encode_cursor
 from fleet_gateway.quotas import turns_over_quota
 from fleet_gateway.routes.common import Strict
-from fleet_gateway.sessionlog import PURGE_RUN, SessionLog, log_head, session_log
+from fleet_gateway.sessionlog import (
+    PURGE_RUN,
+    SessionLog,
+    documents_missing,
+    log_head,
+    session_log,
+)
 from fleet_mesh import rpc
 from fleet_mesh.store import EventStore
 
@@ -484,24 +487,10 @@ async def request_turn(
 
 
 async def _check_documents(log: SessionLog, tenant: str, session: str, named: list[str]) -> None:
-    """Every document a turn names is loaded in its session (read from the session's own log,
-    as the WebSocket `message` frame's check: an upload not yet projected counts); else 422
-    `document_not_found` and nothing is stored."""
-    loaded: set[str] = set()
-    async for stored in log.store.replay(log_subject(tenant, session)):
-        match stored.envelope.data:
-            case DocumentLoaded(document=document):
-                loaded.add(document.alias)
-            case DocumentRemoved(alias=alias):
-                loaded.discard(alias)
-    missing = [doc for doc in named if doc not in loaded]
-    if missing:
-        raise ApiError(
-            422, "document_not_found",
-            f"document(s) {', '.join(repr(d) for d in missing)} are not loaded in session "
-            f"{session!r}: upload them first (POST /api/v1/sessions/{session}/documents, "
-            f"alias=<id>); loaded: {', '.join(sorted(loaded)) or 'none'}",
-        )  # fmt: skip
+    """422 `document_not_found` (nothing stored) unless every named document is loaded."""
+    why = await documents_missing(log.store, tenant, session, named)
+    if why is not None:
+        raise ApiError(422, "document_not_found", why)
 
 
 @router.post("/{session_id}/cancel", status_code=202, response_model=TurnAccepted)

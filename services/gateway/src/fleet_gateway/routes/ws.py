@@ -26,11 +26,8 @@ from fleet_events import new_id
 from fleet_events.ids import InvalidId, check_id
 from fleet_events.session import (
     CancelRequested,
-    DocumentLoaded,
-    DocumentRemoved,
     InputProvided,
     TurnRequested,
-    log_subject,
 )
 from fleet_gateway.auth import Principal
 from fleet_gateway.errors import ApiError
@@ -45,7 +42,7 @@ from fleet_gateway.frames import (
 )
 from fleet_gateway.live import TRACE_MODES, Overflowed, TraceMode, Watch
 from fleet_gateway.quotas import turns_over_quota
-from fleet_gateway.sessionlog import SessionLog, session_log
+from fleet_gateway.sessionlog import SessionLog, documents_missing, session_log
 from fleet_gateway.tickets import redeem_ticket
 from fleet_mesh.store import StoreError
 
@@ -261,24 +258,10 @@ async def _handle(sock: _Socket, frame: ClientFrame) -> None:
 
 
 async def _check_documents(sock: _Socket, session: str, named: list[str]) -> None:
-    """Every document a message names is loaded in its session (read from the session's own
-    log, so an upload the projections have not applied yet counts): else nothing is stored."""
-    loaded: set[str] = set()
-    subject = log_subject(sock.principal.tenant, session)
-    async for stored in sock.handles.store.replay(subject):
-        match stored.envelope.data:
-            case DocumentLoaded(document=document):
-                loaded.add(document.alias)
-            case DocumentRemoved(alias=alias):
-                loaded.discard(alias)
-    missing = [doc for doc in named if doc not in loaded]
-    if missing:
-        raise FrameError(
-            "document_not_found",
-            f"document(s) {', '.join(repr(d) for d in missing)} are not loaded in session "
-            f"{session!r}: upload them first (POST /api/v1/sessions/{session}/documents, "
-            f"alias=<id>); loaded: {', '.join(sorted(loaded)) or 'none'}",
-        )
+    """An error frame (nothing stored) unless every document the message names is loaded."""
+    why = await documents_missing(sock.handles.store, sock.principal.tenant, session, named)
+    if why is not None:
+        raise FrameError("document_not_found", why)
 
 
 def _answer(frame: CommandFrame) -> InputProvided:

@@ -676,13 +676,7 @@ class TurnRun:
             with dspy.context(lm=self.lm(), adapter=adapter):
                 answer, module = self._modules()
             self.boundary()  # a cancel that came during the last model call still cancels
-            head = self.recorder.record(
-                RunCompleted(
-                    answer=answer, outputs={"module": module}, iterations=self.iterations,
-                    llm_calls=self.recorder.llm_calls,
-                )
-            )  # fmt: skip
-            return Answered(answer, root_head_hash=head.hash)
+            return self._completed(answer, module)
         except ParkTurn as parked:
             return Parked(parked.request_id)
         except RunFenced:
@@ -725,6 +719,10 @@ class TurnRun:
             except EscalateToRlm as up:
                 self.recorder.record(up.move)
                 answer, module = self.rlm(up.trajectory), "rlm"
+        return self._completed(answer, module)
+
+    def _completed(self, answer: str, module: str) -> Answered:
+        """`run.completed` naming the module that answered; the turn ties in its chain head."""
         head = self.recorder.record(
             RunCompleted(
                 answer=answer, outputs={"module": module}, iterations=self.iterations,
@@ -750,13 +748,7 @@ class TurnRun:
         with dspy.context(lm=self.lm(), adapter=adapter):
             answer, module = self._modules(point)
         self.boundary()
-        head = self.recorder.record(
-            RunCompleted(
-                answer=answer, outputs={"module": module}, iterations=self.iterations,
-                llm_calls=self.recorder.llm_calls,
-            )
-        )  # fmt: skip
-        return Answered(answer, root_head_hash=head.hash)
+        return self._completed(answer, module)
 
     def _from_record(self, taken: Taken) -> Answered | Stopped | Failed:
         """How a run that ended before its holder died ended (its turn's end was not stored)."""

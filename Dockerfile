@@ -9,7 +9,7 @@ RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r requireme
 COPY libs libs
 COPY services services
 RUN python -m pip install --no-cache-dir --no-deps --no-build-isolation \
-    -e libs/events -e libs/mesh -e libs/harness -e libs/cli \
+    -e libs/events -e libs/mesh -e libs/harness -e apps/cli \
     -e services/gateway -e services/agent -e services/sandbox-broker \
     -e services/budget -e services/quality
 ENV PYTHONUNBUFFERED=1

@@ -472,7 +472,7 @@ async def trajectory_part(
 # -- --compare-with: another tree's agent, side by side ---------------------------------------
 
 
-SOURCE_ROOTS = ("libs/*/src", "services/*/src")
+SOURCE_ROOTS = ("libs/*/src", "apps/*/src", "services/*/src")
 
 
 def pythonpath_of(tree: Path) -> str:
@@ -480,7 +480,7 @@ def pythonpath_of(tree: Path) -> str:
     the process runs that tree's code (the venv's editable installs come after them)."""
     found = [str(p) for pattern in SOURCE_ROOTS for p in sorted(tree.glob(pattern))]
     if not found:
-        raise SystemExit(f"--compare-with {tree}: no libs/*/src or services/*/src there")
+        raise SystemExit(f"--compare-with {tree}: no {', '.join(SOURCE_ROOTS)} there")
     return ":".join(found)
 
 

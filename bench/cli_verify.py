@@ -77,8 +77,12 @@ def best_of(runs: int, argv: list[str]) -> float:
 def baseline_env(rev: str, into: Path) -> dict[str, str]:
     """An environment whose `PYTHONPATH` puts revision `rev`'s packages before the editable
     installs of today's."""
+    roots = [
+        root for root in ("libs", "apps", "services")
+        if subprocess.run(["git", "cat-file", "-e", f"{rev}:{root}"], cwd=ROOT).returncode == 0
+    ]  # fmt: skip
     archive = subprocess.run(
-        ["git", "archive", "--format=tar", rev, "libs", "services"],
+        ["git", "archive", "--format=tar", rev, *roots],
         cwd=ROOT, capture_output=True, check=True,
     ).stdout  # fmt: skip
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:

@@ -1,6 +1,6 @@
 """Print the lock's inputs: every third-party requirement of the workspace, one per line.
 
-Read from each member's pyproject (`libs/*`, `services/*`) and the root's dev group, with
+Read from each member's pyproject (`libs/*`, `apps/*`, `services/*`) and the root's dev group, with
 the workspace members themselves left out (they are installed editable, without deps), plus
 the build backend the editable installs need. Stdlib only: it runs before any venv exists.
 
@@ -28,7 +28,9 @@ def inputs() -> list[str]:
     found: set[str] = set(BUILD_TOOLS)
     root = tomllib.loads((ROOT / "pyproject.toml").read_text())
     found.update(root.get("dependency-groups", {}).get("dev", []))
-    members = [*ROOT.glob("libs/*/pyproject.toml"), *ROOT.glob("services/*/pyproject.toml")]
+    members = [
+        p for group in ("libs", "apps", "services") for p in ROOT.glob(f"{group}/*/pyproject.toml")
+    ]
     for pyproject in sorted(members):
         project = tomllib.loads(pyproject.read_text()).get("project", {})
         found.update(project.get("dependencies", []))

@@ -11,11 +11,12 @@ import jwt
 import pytest
 from typer.testing import CliRunner, Result
 
-from fleet_cli.client import ClientError, find_target
+from fleet_cli.client import find_target
 from fleet_cli.commands.doctor import component_rows
+from fleet_cli.errors import ClientError
 from fleet_cli.main import cli
-from fleet_gateway.auth import SECRET_FILE, dev_token
 from fleet_mesh.natsserver import free_port
+from fleet_mesh.tokens import SECRET_FILE, dev_token
 
 app = cli()  # every command, as `fleet --help` has them
 

@@ -11,11 +11,11 @@ import jwt
 import pytest
 from typer.testing import CliRunner
 
-from fleet_cli import status
+from fleet_cli import localmesh
+from fleet_cli.localmesh import admin_token
 from fleet_cli.main import cli
 from fleet_cli.mesh import gateway_dir
-from fleet_cli.status import admin_token
-from fleet_gateway.auth import signing_secret
+from fleet_mesh.tokens import signing_secret
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +87,7 @@ def test_with_no_mesh_running_the_default_address_gets_no_token(
     answers at the default address is not this mesh, and must not get a 30-day admin token."""
     url, seen = gateway
     monkeypatch.delenv("FLEET_TOKEN", raising=False)
-    monkeypatch.setattr(status, "DEFAULT_GATEWAY", url)
+    monkeypatch.setattr(localmesh, "DEFAULT_GATEWAY", url)
     signing_secret(gateway_dir(tmp_path))
     _status(tmp_path)
     assert seen == [None]

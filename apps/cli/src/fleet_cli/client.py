@@ -15,10 +15,10 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from fleet_cli.errors import ClientError
+from fleet_cli.localmesh import gateway_url, mint_token, recorded_gateway
 from fleet_cli.mesh import gateway_dir
-from fleet_cli.status import gateway_url, recorded_gateway
 from fleet_events import new_id
-from fleet_gateway.auth import SECRET_FILE, dev_token
 
 MODES = ("auto", "rlm_only", "tools_only")
 # The turn's last event says how it ended; the CLI's exit status says the same to a script.
@@ -28,10 +28,6 @@ ENDINGS = {
     "turn.cancelled": "cancelled",
     "turn.refused": "refused",
 }
-
-
-class ClientError(Exception):
-    """What went wrong talking to the gateway, worded for the person at the terminal."""
 
 
 @dataclass(frozen=True)
@@ -66,16 +62,6 @@ def find_target(data_dir: Path, env: Mapping[str, str] | None = None) -> Target:
             )
         source += f" and the development token of {gateway_dir(data_dir)}"
     return Target(url.rstrip("/"), token, source)
-
-
-def mint_token(data_dir: Path, *, tenant: str = "dev", user: str = "dev") -> str:
-    secret_dir = gateway_dir(data_dir)
-    if not (secret_dir / SECRET_FILE).exists():
-        raise ClientError(
-            f"no gateway signing secret in {secret_dir}: start the mesh with `fleet up "
-            f"--data-dir {data_dir}` first, or set FLEET_URL and FLEET_TOKEN for another mesh"
-        )
-    return dev_token(secret_dir, tenant=tenant, user=user)
 
 
 def _problem(response: httpx.Response) -> str:

@@ -151,9 +151,10 @@ async def _announce(
 ) -> None:
     """Once the processes are up, wait for /ready and print the URL (or why it is not)."""
     from fleet_cli import display
+    from fleet_cli.localmesh import admin_token
     from fleet_cli.mesh import gateway_dir
-    from fleet_cli.status import admin_token, ask, wait_ready
-    from fleet_gateway.auth import dev_token
+    from fleet_cli.status import ask, wait_ready
+    from fleet_mesh.tokens import dev_token
 
     await started.wait()
     answer = await wait_ready(options.gateway_url, ready_timeout)
@@ -187,7 +188,8 @@ def status_command(
     import asyncio
 
     from fleet_cli import display
-    from fleet_cli.status import admin_token, ask, gateway_url, recorded_gateway
+    from fleet_cli.localmesh import admin_token, gateway_url, recorded_gateway
+    from fleet_cli.status import ask
 
     # the mesh's own token only to the gateway its running `fleet up` recorded: with none
     # running, whatever answers at the default address is not this mesh

@@ -30,7 +30,8 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 
 
 def gateway(data_dir: Path) -> "Gateway":
-    from fleet_cli.client import ClientError, Gateway, find_target
+    from fleet_cli.client import Gateway, find_target
+    from fleet_cli.errors import ClientError
 
     try:
         return Gateway(find_target(data_dir.resolve()))
@@ -42,7 +43,7 @@ def call(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run one client coroutine; a `ClientError` becomes its message and exit status 2."""
     import asyncio
 
-    from fleet_cli.client import ClientError
+    from fleet_cli.errors import ClientError
 
     try:
         return asyncio.run(coroutine)

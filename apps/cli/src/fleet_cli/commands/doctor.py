@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleet_cli.client import ClientError, Gateway, Target, find_target
+from fleet_cli.client import Gateway, Target, find_target
 from fleet_cli.commands.common import DEFAULT_DATA_DIR, DataDir, call
+from fleet_cli.errors import ClientError
 from fleet_cli.localllm.state import read_file
 from fleet_events.llm import local_state_line
 

@@ -5,8 +5,9 @@ from typing import Annotated
 
 import typer
 
-from fleet_cli.client import ClientError, mint_token
 from fleet_cli.commands.common import DEFAULT_DATA_DIR, DataDir, fail
+from fleet_cli.errors import ClientError
+from fleet_cli.localmesh import mint_token
 from fleet_events.ids import InvalidId, check_id
 
 

@@ -42,16 +42,16 @@ class Target:
 
 
 def find_target(data_dir: Path, env: Mapping[str, str] | None = None) -> Target:
-    """`FLEET_URL` / `FLEET_TOKEN` win; else the mesh `fleet up` runs from `data_dir`. A token
-    is only minted from a signing secret the gateway already made: minting one here would
-    create a secret no running gateway shares, and every request would be a puzzling 401."""
+    """`FLEET_URL` / `FLEET_TOKEN` win; else the mesh `fleet up` runs from `data_dir` (none
+    running is `NoMesh`: no address is guessed). A token is only minted from a signing secret
+    the gateway already made: minting one here would create a secret no running gateway
+    shares, and every request would be a puzzling 401."""
     env = os.environ if env is None else env
+    recorded = recorded_gateway(data_dir)
     url = env.get("FLEET_URL") or gateway_url(data_dir, None)
     token = env.get("FLEET_TOKEN", "")
     source = "FLEET_URL" if env.get("FLEET_URL") else f"{data_dir}/up.json"
     if not token:
-        token = mint_token(data_dir)
-        recorded = recorded_gateway(data_dir)
         if recorded is None or url.rstrip("/") != recorded.rstrip("/"):
             # the local mesh's development token (an admin's, 30 days) goes to that mesh only
             raise ClientError(
@@ -60,6 +60,7 @@ def find_target(data_dir: Path, env: Mapping[str, str] | None = None) -> Target:
                 + ": set FLEET_TOKEN to a token that gateway accepts, or start the local mesh "
                 "with `fleet up` (its development token is never sent to another address)"
             )
+        token = mint_token(data_dir)
         source += f" and the development token of {gateway_dir(data_dir)}"
     return Target(url.rstrip("/"), token, source)
 

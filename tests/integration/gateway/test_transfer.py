@@ -30,11 +30,11 @@ from fleet_events.session import (
     TurnRequested,
     session_filter,
 )
-from fleet_gateway.bundle import read_bundle
 from fleet_harness.procs import Launcher
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.bundle import read_bundle
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import open_store
 
@@ -96,7 +96,7 @@ async def test_an_export_verifies_on_its_own_and_names_the_event_a_flipped_byte_
     session = await _session(js, tenant)
     lines = await _export(gateway, tenant, session)
     bundle = read_bundle(lines)
-    assert bundle.ok, bundle.verification.fault
+    assert bundle.ok, bundle.fault
     assert len(bundle.events) == 6
     assert len(bundle.blobs) == 2  # the document and the offloaded answer
     # flip one byte of the fourth event's stored bytes
@@ -105,7 +105,7 @@ async def test_an_export_verifies_on_its_own_and_names_the_event_a_flipped_byte_
     payload[len(payload) // 2] ^= 0x01
     row["payload"] = base64.b64encode(bytes(payload)).decode()
     tampered = [*lines[:3], json.dumps(row).encode(), *lines[4:]]
-    fault = read_bundle(tampered).verification.fault
+    fault = read_bundle(tampered).fault
     assert fault is not None
     assert (fault.seq, fault.event_id) == (row["seq"], row["id"])
     # a blob swapped for other bytes is named too

@@ -19,6 +19,7 @@ from fleet_events.chain import GENESIS, link
 from fleet_events.codec import Codec
 from fleet_events.session import TurnRequested
 from fleet_events.signing import KeySet, Signer
+from fleet_mesh.bundle import Sealer
 
 app = cli()
 SUBJECT = "fleet.session.acme.s1.log"
@@ -28,21 +29,29 @@ def said(result: object) -> str:
     return " ".join(str(getattr(result, "output", "")).split())
 
 
-def signed_export(signer: Signer, n: int = 3) -> list[dict[str, object]]:
+def signed_export(
+    signer: Signer, n: int = 3, *, session: str = "s1", sealed: bool = True, first_seq: int = 1
+) -> list[dict[str, object]]:
+    """An export as the gateway writes one: the key line, the signed events, the seal."""
+    subject = f"fleet.session.acme.{session}.log"
     rows: list[dict[str, object]] = [KeySet.of([signer]).to_json()]
+    sealer = Sealer(f"fleet.session.acme.{session}.>", signer)
     prev = GENESIS
     for i in range(n):
         payload = Codec().encode_inline(Envelope(
-            id=f"e{i}", tenant="acme", session="s1", actor=Actor(service="gateway", replica="g"),
+            id=f"e{i}", tenant="acme", session=session, actor=Actor(service="gateway", replica="g"),
             ts=utc_now(), data=TurnRequested(message=f"message {i}"),
         ))  # fmt: skip
         digest = link(prev, payload)
         rows.append({
-            "subject": SUBJECT, "seq": i + 1, "id": f"e{i}", "prev": prev, "hash": digest,
+            "subject": subject, "seq": first_seq + i, "id": f"e{i}", "prev": prev, "hash": digest,
             "payload": base64.b64encode(payload).decode(), "key": signer.key_id,
-            "sig": signer.sign_append(SUBJECT, digest),
+            "sig": signer.sign_append(subject, digest),
         })  # fmt: skip
+        sealer.event(subject, first_seq + i, digest)
         prev = digest
+    if sealed:
+        rows.append(json.loads(sealer.line()))
     return rows
 
 
@@ -58,14 +67,14 @@ def test_pinned_keys_pass_a_signed_export_and_name_a_foreign_signer(tmp_path: Pa
     export = write(tmp_path / "ok.ndjson", signed_export(agent))
     ok = CliRunner().invoke(app, ["audit", "verify", str(export), "--keys", str(keyset)])
     assert ok.exit_code == 0, said(ok)
-    assert "verified: 3 events, signatures and chains against the pinned keys" in said(ok)
+    assert "verified: 3 events, signatures, chains and the seal against the pinned keys" in said(ok)
     assert "the export names keys of agent" in said(ok)
 
     mallory = Signer.generate("agent")  # the same owner's name, another key
     forged = write(tmp_path / "forged.ndjson", signed_export(mallory))
     chain_only = CliRunner().invoke(app, ["audit", "verify", str(forged)])
     assert chain_only.exit_code == 0  # the chain alone is fooled, and says it checked no key
-    assert "chains only (pass --keys to check signatures)" in said(chain_only)
+    assert "chains and the seal's count only (pass --keys to check signatures)" in said(chain_only)
     caught = CliRunner().invoke(app, ["audit", "verify", str(forged), "--keys", str(keyset)])
     assert caught.exit_code == 1
     assert f"event e0 (seq 1 on {SUBJECT})" in said(caught)
@@ -82,7 +91,7 @@ def test_a_key_set_that_is_not_one_is_refused_naming_the_file(tmp_path: Path) ->
 
 
 def test_a_blob_line_whose_bytes_do_not_match_its_digest_is_named(tmp_path: Path) -> None:
-    rows = signed_export(Signer.generate("agent"))
+    rows = signed_export(Signer.generate("agent"), sealed=False)
     data = b"the document"
     blob = {"kind": "blob", "object": "o", "sha256": hashlib.sha256(data).hexdigest(),
             "size": len(data), "data": base64.b64encode(data).decode()}  # fmt: skip

@@ -10,8 +10,8 @@ from fleet_events.chain import GENESIS, link
 from fleet_events.codec import Codec
 from fleet_events.session import SessionCreated, SessionRenamed
 from fleet_events.signing import KeySet, Signer
-from fleet_gateway.bundle import read_bundle
 from fleet_gateway.routes.transfer import carried_keys
+from fleet_mesh.bundle import read_bundle
 
 SUBJECT = "fleet.session.acme.s1.log"
 
@@ -53,15 +53,15 @@ def test_a_rehash_not_resigned_is_refused_against_thecarried_keys() -> None:
     second["hash"] = link(str(second["prev"]), body)
     assert read_bundle(lines(rows)).ok  # the chain alone is fooled
     bundle = read_bundle(lines(rows), keys=carried_keys(lines(rows)))
-    assert bundle.verification.fault is not None
-    assert bundle.verification.fault.event_id == "e2"
-    assert "does not verify" in bundle.verification.fault.reason
+    assert bundle.fault is not None
+    assert bundle.fault.event_id == "e2"
+    assert "does not verify" in bundle.fault.reason
 
 
 def test_pinned_keys_refuse_a_bundle_signed_by_a_key_they_do_not_hold() -> None:
     pinned = KeySet.of([Signer.generate("gateway")], require_signatures=True)
     foreign = lines(export(Signer.generate("gateway")))
     bundle = read_bundle(foreign, keys=pinned)
-    assert bundle.verification.fault is not None
-    assert bundle.verification.fault.event_id == "e1"
-    assert "not in the pinned key set" in bundle.verification.fault.reason
+    assert bundle.fault is not None
+    assert bundle.fault.event_id == "e1"
+    assert "not in the pinned key set" in bundle.fault.reason

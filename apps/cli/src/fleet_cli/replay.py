@@ -49,6 +49,8 @@ from fleet_events import sandbox as sb
 from fleet_events.codec import Codec, CodecError
 from fleet_events.envelope import BlobRef, Envelope, Offloaded
 from fleet_events.run import ChildRunRequested, LlmCalled, RunCompleted
+from fleet_events.signing import KeySet
+from fleet_mesh.bundle import read_bundle
 
 LLM_TOOLS = ("llm_query", "llm_query_batched")
 BASE_TOOLS = (*LLM_TOOLS, "sub_rlm", "sub_rlm_batched", "__dspy_call__", "__dspy_construct__")
@@ -534,8 +536,20 @@ def answers_of(record: SessionRecord) -> dict[str, str]:
     return found
 
 
-async def replay_lines(lines: Iterable[bytes], workdir: Path | None = None) -> Report:
-    """Replay an export's lines in a fresh local sandbox (module docstring)."""
+async def replay_lines(
+    lines: Iterable[bytes], workdir: Path | None = None, *, keys: KeySet | None = None
+) -> Report:
+    """Replay an export's lines in a fresh local sandbox (module docstring), after checking
+    them by the rule `fleet audit verify` applies (`fleet_mesh.bundle.read_bundle`: chains, one
+    session, every blob, the seal; with `keys`, every signature and a signed seal): cells of
+    an export that does not verify are never run."""
+    lines = list(lines)
+    checked = read_bundle(lines, keys=keys)
+    if checked.fault is not None:
+        raise ReplayError(
+            f"the export does not verify, so nothing was replayed: {checked.fault} "
+            "(`fleet audit verify` names the same fault)"
+        )
     record = read_record(lines)
     if not record.roots:
         raise ReplayError("the export's runs recorded no cell: there is nothing to re-execute")

@@ -203,6 +203,10 @@ class KeySet:
             return f"signature by {key.owner} (key {key_id}) does not verify"
         return None
 
+    def signed_problem(self, role: str, key_id: str, sig: str, message: bytes) -> str | None:
+        """Why `sig` is not `role`'s signature of `message` by a pinned key (None: it is)."""
+        return self._check(role, key_id, sig, message)
+
     def append_problem(
         self, subject: str, digest: str, key_id: str | None, sig: str | None
     ) -> str | None:

@@ -16,15 +16,25 @@ out = Console(highlight=False)
 
 def replay_command(
     source: Annotated[str, typer.Argument(help="a session id, an export file, or - for stdin")],
+    keys: Annotated[
+        Path | None,
+        typer.Option(
+            help="pinned key set (<data-dir>/keys/keyset.json): every signature and "
+            "the export's seal are checked before any cell runs"
+        ),
+    ] = None,
     data_dir: DataDir = DEFAULT_DATA_DIR,
 ) -> None:
     """Replay every recorded cell offline (no model is called); exit 0 when the session
     reproduces (differences in cells that read the clock or randomness are named, not
-    failures), 1 at the first step that diverges, 2 for input that is not a session."""
+    failures), 1 at the first step that diverges, 2 for input that is not a session or does
+    not verify (the export is checked as `fleet audit verify` checks it before any cell runs)."""
     import sys
 
+    from fleet_cli.commands.audit import pinned_keys
     from fleet_cli.replay import ReplayError, replay_lines
 
+    pinned = pinned_keys(keys)
     if source == "-":
         body = sys.stdin.buffer.read()
     elif Path(source).is_file():
@@ -32,7 +42,7 @@ def replay_command(
     else:
         body = _fetch(source, data_dir)
     try:
-        report = asyncio.run(replay_lines(body.splitlines()))
+        report = asyncio.run(replay_lines(body.splitlines(), keys=pinned))
     except ReplayError as exc:
         raise fail(f"{source}: {exc}") from None
     for step in report.steps:

@@ -55,6 +55,11 @@ class Reader:
         self._encoder = msgspec.msgpack.Encoder()
         self._direct_get = f"$JS.API.DIRECT.GET.{stream.name}"
 
+    @property
+    def signer(self) -> Signer | None:
+        """The key this store appends with (None: unsigned); an export is sealed with it."""
+        return self._signer
+
     async def _last_raw(self, subject: str) -> RawStreamMsg | None:
         try:
             return await self._js.get_last_msg(self._stream, subject, direct=True)

@@ -1,10 +1,12 @@
 """Export, import and restore of a session's log.
 
-- `POST /api/v1/sessions/{id}/export`: the session's log as a bundle (`fleet_gateway.bundle`):
+- `POST /api/v1/sessions/{id}/export`: the session's log as a bundle (`fleet_mesh.bundle`):
   first the deployment's key-set line (the public keys and their owners, `FLEET_KEYSET`; shown
   to an auditor, who pins their own copy), then the verbatim stored bytes with their hashes and
   signatures, then every payload they reference, so the file verifies and replays with no
-  server (`fleet audit verify FILE --keys keyset.json`).
+  server (`fleet audit verify FILE --keys keyset.json`); its last line is the seal, signed with
+  the gateway's key, naming every subject's head, the event count and every blob, so a
+  truncated export or one missing a blob line is refused.
 - `POST /api/v1/sessions/import`: a bundle into the caller's tenant (any tenant: the bundle is
   checked, not trusted). Every signature is checked against this gateway's pinned key set
   (`FLEET_KEYSET`; the bundle's own key-set line is never trusted): an event signed by a key the
@@ -14,7 +16,8 @@
   keys). It becomes a new session whose log opens with `SessionImported` carrying the state
   the bundle folds to and the source `.log`'s head hash; its blobs are copied into the
   caller's tenant and the state's references point at the copies. A bundle that does not
-  verify is refused naming its first bad event, and nothing is stored.
+  verify is refused naming its first bad event, and nothing is stored: the import applies
+  `fleet_mesh.bundle.read_bundle`, the rule `fleet audit verify` applies.
 - `POST /api/v1/sessions/{id}/restore`: the state as of `upto_seq` (default: the whole log) is
   recorded as `SessionRestored`; a session whose sandbox is gone gets one on the same volume
   (the broker's `resume` verb) and the log records `SandboxAttached` replacing it.
@@ -34,6 +37,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, Field
 
 from fleet_events import bus, new_id
+from fleet_events.chain import HASH_HEADER
 from fleet_events.codec import CodecError
 from fleet_events.envelope import BlobRef, Offloaded
 from fleet_events.sandbox import ResumeSandbox
@@ -48,13 +52,13 @@ from fleet_events.session import (
 )
 from fleet_events.signing import KeySet, SigningError
 from fleet_gateway.auth import CurrentTenant
-from fleet_gateway.bundle import Bundle, blob_line, payload_refs, read_bundle
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
 from fleet_gateway.projections.store import Folded, ProjectionStore
 from fleet_gateway.routes.audit import pinned_keys
 from fleet_gateway.routes.common import Strict
 from fleet_gateway.sessionlog import SessionLog, checked_session, session_log
 from fleet_mesh import rpc
+from fleet_mesh.bundle import Bundle, Sealer, blob_line, payload_refs, read_bundle
 from fleet_mesh.store import EMPTY, RawEvent
 from fleet_mesh.store.records import export_line, exported_keys, keyset_line
 
@@ -73,13 +77,15 @@ async def _raw_events(h: SessionLog, tenant: str, session: str) -> list[RawEvent
 
 
 async def _export_lines(
-    h: SessionLog, tenant: str, raws: list[RawEvent], keys: KeySet | None
+    h: SessionLog, tenant: str, session: str, raws: list[RawEvent], keys: KeySet | None
 ) -> AsyncIterator[bytes]:
     if keys is not None:
         yield keyset_line(keys) + b"\n"
+    sealer = Sealer(session_filter(tenant, session), h.store.signer)
     wanted: dict[str, str] = {}
     for raw in raws:
         yield export_line(raw) + b"\n"
+        sealer.event(raw.subject, raw.seq, raw.headers.get(HASH_HEADER))
         for obj, sha, _ in payload_refs(raw.data):
             wanted.setdefault(sha, obj)
     done: set[str] = set()
@@ -90,9 +96,11 @@ async def _export_lines(
         done.add(sha)
         data = await h.blobs.get(tenant, sha)  # the caller's tenant: never another's object
         yield blob_line(obj, sha, data) + b"\n"
+        sealer.blob(sha)
         for inner_obj, inner, _ in payload_refs(data):  # an offloaded envelope's own blobs
             if inner not in done:
                 wanted.setdefault(inner, inner_obj)
+    yield sealer.line() + b"\n"
 
 
 @router.post(
@@ -109,7 +117,7 @@ async def export(session_id: str, tenant: CurrentTenant, request: Request) -> St
     if not raws:
         raise not_found("session", session)
     return StreamingResponse(
-        _export_lines(h, tenant, raws, keys),
+        _export_lines(h, tenant, session, raws, keys),
         media_type="application/x-ndjson",
         headers={"Content-Disposition": f'attachment; filename="{session}.jsonl"'},
     )
@@ -157,7 +165,7 @@ async def _folded(tenant: str, session: str, folded: list[Folded]) -> tuple[Sess
 
 
 def _refused(bundle: Bundle, pinned: bool) -> ApiError:
-    fault = bundle.verification.fault
+    fault = bundle.fault
     assert fault is not None
     advice = "export the session again"
     if pinned and "not in the pinned key set" in fault.reason:
@@ -198,7 +206,8 @@ async def import_session(
             raise _too_large(len(body))
     lines = bytes(body).splitlines()
     pinned = pinned_keys()
-    bundle = read_bundle(lines, keys=pinned or carried_keys(lines))
+    # sealed always: an export cut short keeps every line it still has valid (fleet_events.seal)
+    bundle = read_bundle(lines, keys=pinned or carried_keys(lines), require_seal=True)
     if not bundle.ok:
         raise _refused(bundle, pinned is not None)
     h = await session_log(request)

@@ -5,73 +5,77 @@ it folded at), it folds again, finds its attempt superseded, and records nothing
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, TypeVar, cast
 
 import msgspec
+import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from fleet_agent import turns
 from fleet_agent.runners import CancelToken, EchoRunner, ScriptedRunner
 from fleet_agent.turn_log import TurnLog
 from fleet_agent.turns import SessionTurns
 from fleet_agent.worker import TurnWorker
-from fleet_events import Actor, Event, new_id
+from fleet_events import Actor, Envelope, Event, new_id
 from fleet_events.session import TurnCancelled, TurnRequested, TurnStarted, TurnWork
+from fleet_mesh.decider import Decided
 from fleet_mesh.natsserver import NatsServer
-from fleet_mesh.store import AppendConflict, Appended, Head
+from fleet_mesh.store import AppendConflict, Appended, EventStore, Head
 from fleet_mesh.work import Delivery, Settle
 
 from .turn_kit import TERMINAL, Mesh, mesh
 from .turn_kit import server as server
 
+D = TypeVar("D", bound=Decided)
 FROZEN = Actor(service="agent", replica="frozen")
 TAKER = Actor(service="agent", replica="taker")
 
 
-class TakenOverAfterFold(TurnLog):
-    """On its `at`-th load, after folding, the other replica's takeover lands."""
+class TakenOverAfterFold:
+    """On the frozen replica's `at`-th append, after it folded and decided, the other replica's
+    takeover lands first (the store's `append_batch` is where the decider kernel appends)."""
 
-    def __init__(self, other: TurnLog, at: int, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
+    def __init__(self, store: EventStore, other: TurnLog, at: int, turn: str) -> None:
+        self._real = store.append_batch
         self._other = other
         self._at = at
-        self.loads = 0
+        self._turn = turn
+        self.appends = 0
         self.refused = 0
 
-    async def load(self, tenant: str, session: str) -> tuple[SessionTurns, Head]:
-        state, head = await super().load(tenant, session)
-        self.loads += 1
-        if self.loads == self._at:
+    async def append_batch(
+        self, subject: str, envelopes: Sequence[Envelope[Any]], *, expect: Head | None = None
+    ) -> list[Appended]:
+        self.appends += 1
+        if self.appends == self._at:
+            tenant, session = envelopes[0].tenant, envelopes[0].session or ""
+            _, head = await self._other.load(tenant, session)
             taken = TurnStarted(replica=TAKER.replica, attempt=2)
-            await self._other.append(tenant, session, self.turn, taken, expect=head)
-        return state, head
-
-    async def append(self, *args: object, **kwargs: object) -> Appended:
+            await self._other.append(tenant, session, self._turn, taken, expect=head)
         try:
-            return await super().append(*args, **kwargs)  # type: ignore[arg-type]
+            return await self._real(subject, envelopes, expect=expect)
         except AppendConflict:
             self.refused += 1
             raise
 
-    turn = ""
-
 
 async def test_a_frozen_replicas_append_is_refused_and_it_records_nothing(
-    server: NatsServer, tmp_path: Path
+    server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with mesh(server, tmp_path) as m:
         t = f"t-{new_id()[:8]}"
         turn = new_id()
         seq = await m.append(t, "s", turn, TurnRequested(message="late answer"))
         taker = TurnLog(m.store, m.codec, TAKER)
-        # loads: 1 = deciding to start, 2 = deciding to record the end (the takeover lands)
-        frozen = TakenOverAfterFold(taker, 2, m.store, m.codec, FROZEN)
-        frozen.turn = turn
+        # appends: 1 = the start, 2 = the end (the takeover lands between its fold and it)
+        frozen = TakenOverAfterFold(m.store, taker, 2, turn)
+        monkeypatch.setattr(m.store, "append_batch", frozen.append_batch)
         worker = TurnWorker(
-            m.nc, frozen, m.codec, EchoRunner(),
+            m.nc, TurnLog(m.store, m.codec, FROZEN), m.codec, EchoRunner(),
             replica=FROZEN.replica, max_attempts=3, logger=logging.getLogger("test"),
         )  # fmt: skip
         work = TurnWork(tenant=t, session="s", turn=turn, requested_seq=seq)
@@ -162,18 +166,25 @@ class CancelRightAfterStart(TurnLog):
     """Once this worker's `TurnStarted` is stored, the user's cancel lands, and only then may
     the late subscription reach the server."""
 
-    def __init__(self, m: Mesh, late: LateInterest, *args: object) -> None:
+    def __init__(self, m: Mesh, late: LateInterest, turn: str, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
         self._m = m
         self._late = late
+        self._turn = turn
 
-    async def append(self, *args: object, **kwargs: object) -> Appended:
-        appended = await super().append(*args, **kwargs)  # type: ignore[arg-type]
-        tenant, session, turn, event = args[:4]
-        if isinstance(event, TurnStarted):
-            await self._m.cancel(str(tenant), str(session), str(turn), reason="right after start")
+    async def submit(
+        self,
+        tenant: str,
+        session: str,
+        decide: Callable[[SessionTurns], D],
+        *,
+        about: Callable[[SessionTurns], tuple[str, str | None]],
+    ) -> D:
+        decision = await super().submit(tenant, session, decide, about=about)
+        if isinstance(decision, turns.Start):
+            await self._m.cancel(tenant, session, self._turn, reason="right after start")
             self._late.gate.set()
-        return appended
+        return decision
 
 
 async def test_a_cancel_stored_before_the_watch_is_live_is_not_missed(
@@ -188,7 +199,7 @@ async def test_a_cancel_stored_before_the_watch_is_live_is_not_missed(
         seq = await m.append(t, "s", turn, TurnRequested(message="one [hold:late] two"))
         late = LateInterest(m.nc)
         worker = TurnWorker(
-            cast(Client, late), CancelRightAfterStart(m, late, m.store, m.codec, FROZEN),
+            cast(Client, late), CancelRightAfterStart(m, late, turn, m.store, m.codec, FROZEN),
             m.codec, ScriptedRunner(tmp_path), replica=FROZEN.replica, max_attempts=3,
             logger=logging.getLogger("test"), cancel_poll_s=3600,
         )  # fmt: skip

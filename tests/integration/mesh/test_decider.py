@@ -349,3 +349,38 @@ async def test_a_snapshot_needs_a_state_type(store: EventStore) -> None:
     plain = replace(Counting().ledger(), state_type=None)
     with pytest.raises(ValueError, match="needs a state_type"):
         Decider(store, plain, snapshot_after=3)
+
+
+async def test_a_fresh_decision_that_stores_nothing_is_made_on_the_head(
+    store: EventStore, subject: str
+) -> None:
+    decider = Decider(store, Counting().ledger())
+    await submit(decider, subject, "first")
+    await store.append(subject, envelope(subject, TurnRequested(message="late"), "late"))
+
+    def seen(state: Slots) -> Decision[list[str]]:
+        return Decision(answer=list(state.taken))  # stores nothing: no append to check it
+
+    def wrap(_: Slots, event: Event) -> Envelope[Event]:
+        return envelope(subject, event)
+
+    assert (await decider.submit(subject, seen, wrap)).answer == ["first"]  # the cache
+    assert (await decider.submit(subject, seen, wrap, fresh=True)).answer == ["first", "late"]
+
+
+async def test_a_writer_that_reads_nothing_starts_at_the_head_and_learns_its_positions(
+    store: EventStore, subject: str
+) -> None:
+    for i in range(3):
+        await store.append(subject, envelope(subject, TurnRequested(message=f"h{i}"), f"h{i}"))
+    counting = Counting()
+    decider = Decider(store, counting.ledger(replay=False))
+
+    decision, placed = await decider.submit_placed(
+        subject, take("mine"), lambda _, event: envelope(subject, event, "mine")
+    )
+
+    events = await stored(store, subject)
+    assert decision.answer == "taken"  # on an empty fold: the history was not read
+    assert counting.folded == [events[-1].seq]  # only its own event, once stored
+    assert [(p.seq, p.hash) for p in placed] == [(events[-1].seq, events[-1].hash)]

@@ -7,13 +7,13 @@ body = message), so a caller always learns what was wrong, with which value, and
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 import stamina
+from cachetools import LRUCache
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -273,6 +273,8 @@ class Remembered:
 
     digest: str
     payload: bytes
+    weight: int = 0
+    """What it costs the cache: its key, digest and payload."""
 
 
 class ReplyCache:
@@ -286,37 +288,30 @@ class ReplyCache:
     def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_entry_bytes: int | None = None):
         self.max_bytes = max_bytes
         self.max_entry_bytes = max_bytes // 8 if max_entry_bytes is None else max_entry_bytes
-        self._items: OrderedDict[str, Remembered] = OrderedDict()
-        self._bytes = 0
+        self._items: LRUCache[str, Remembered] = LRUCache(max_bytes, getsizeof=_weight_of)
 
     @property
     def size(self) -> int:
         """What the kept answers weigh, keys and digests included."""
-        return self._bytes
+        return int(self._items.currsize)
 
     def __len__(self) -> int:
         return len(self._items)
 
     def get(self, key: str) -> Remembered | None:
-        found = self._items.get(key)
-        if found is not None:
-            self._items.move_to_end(key)
-        return found
+        return self._items.get(key)  # a hit is the most recently used now
 
     def put(self, key: str, digest: str, payload: bytes) -> bool:
         """Keep an answer; False when it is too big to keep."""
         weight = _weight(key, digest, payload)
-        if weight > self.max_entry_bytes:
+        if weight > min(self.max_entry_bytes, self.max_bytes):
             return False
-        old = self._items.pop(key, None)
-        if old is not None:
-            self._bytes -= _weight(key, old.digest, old.payload)
-        self._items[key] = Remembered(digest, payload)
-        self._bytes += weight
-        while self._bytes > self.max_bytes:
-            gone, item = self._items.popitem(last=False)
-            self._bytes -= _weight(gone, item.digest, item.payload)
+        self._items[key] = Remembered(digest, payload, weight)  # the oldest go to make room
         return True
+
+
+def _weight_of(item: Remembered) -> int:
+    return item.weight
 
 
 def _weight(key: str, digest: str, payload: bytes) -> int:

@@ -10,6 +10,7 @@ Tenant and session come from the subject the request is stored on (the store bou
 envelope to it), never from what the payload claims.
 """
 
+import dataclasses
 import logging
 
 import msgspec
@@ -32,7 +33,7 @@ from fleet_events.session import (
     turn_work_id,
 )
 from fleet_events.streams import WORK
-from fleet_mesh.store import AppendConflict
+from fleet_mesh.decider import Contended
 from fleet_mesh.work import Delivery, Settle
 
 REQUESTED = type_of_class(TurnRequested)
@@ -41,7 +42,6 @@ RESUMES = frozenset(
 )
 """Facts that may let a parked turn go on (its answer, expiry or cancel; or the park itself,
 stored after an answer that came first)."""
-CONFLICT_TRIES = 16
 
 
 class Dispatcher:
@@ -65,30 +65,32 @@ class Dispatcher:
             for parked in turns.resumable(state):
                 await self._publish(tenant, session, parked, resume=parked.parked_on)
             return Settle.ACK
-        for _ in range(CONFLICT_TRIES):
-            state, head = await self._log.load(tenant, session)
-            turn = _turn_at(state, delivery.stream_seq)
+        seq = delivery.stream_seq
+        chosen: list[turns.Turn] = []  # the turn of the decision answered (the last decide)
+
+        def decide(state: turns.SessionTurns) -> turns.Dispatch | turns.Refuse | turns.Nothing:
+            chosen.clear()
+            turn = _turn_at(state, seq)
             if turn is None:
-                return Settle.ACK
-            decision = turns.dispatch(state, turn.turn)
-            if isinstance(decision, turns.Nothing):
-                return Settle.ACK
-            if isinstance(decision, turns.Dispatch):
-                await self._publish(tenant, session, turn)
-                return Settle.ACK
-            try:
-                await self._log.append(
-                    tenant, session, turn.turn, decision.event,
-                    expect=head, causation=turn.request_id,
-                )  # fmt: skip
-            except AppendConflict:
-                continue  # the log moved: fold again, decide again
+                return turns.Nothing("no turn was requested at this position")
+            chosen.append(dataclasses.replace(turn))  # a copy: the fold goes on mutating
+            return turns.dispatch(state, turn.turn)
+
+        def about(_: turns.SessionTurns) -> tuple[str, str | None]:
+            return chosen[0].turn, chosen[0].request_id
+
+        try:
+            decision = await self._log.submit(tenant, session, decide, about=about)
+        except Contended:
+            return Settle.NAK  # a very busy log: let the next delivery try again
+        if isinstance(decision, turns.Dispatch):
+            await self._publish(tenant, session, chosen[0])
+        elif isinstance(decision, turns.Refuse):
             self._logger.info(
                 "turn refused",
-                extra={"turn": turn.turn, "reason": decision.event.reason, "tenant": tenant},
+                extra={"turn": chosen[0].turn, "reason": decision.event.reason, "tenant": tenant},
             )
-            return Settle.ACK
-        return Settle.NAK  # a very busy log: let the next delivery try again
+        return Settle.ACK
 
     async def _publish(
         self, tenant: str, session: str, turn: turns.Turn, *, resume: str = ""

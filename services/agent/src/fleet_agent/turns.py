@@ -167,23 +167,42 @@ def evolve(
     return state
 
 
+# -- decisions: what each stores (`events`, for the decider kernel) ------------------------------
+
+
+class _Stores:
+    """A decision that stores its one event."""
+
+    event: Event
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return (self.event,)
+
+
+class _StoresNothing:
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return ()
+
+
 # -- the dispatcher's decision ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Dispatch:
+class Dispatch(_StoresNothing):
     """Publish the turn's work item."""
 
 
 @dataclass(frozen=True)
-class Refuse:
+class Refuse(_Stores):
     """Record the refusal the log's order implies."""
 
     event: TurnRefused
 
 
 @dataclass(frozen=True)
-class Nothing:
+class Nothing(_StoresNothing):
     why: str
 
 
@@ -218,20 +237,20 @@ def resumable(state: SessionTurns) -> list[Turn]:
 
 
 @dataclass(frozen=True)
-class Start:
+class Start(_Stores):
     event: TurnStarted
     message_seq: int
 
 
 @dataclass(frozen=True)
-class End:
+class End(_Stores):
     """Record a terminal event without running the turn, then ack."""
 
     event: TurnFailed | TurnCancelled
 
 
 @dataclass(frozen=True)
-class Drop:
+class Drop(_StoresNothing):
     """Ack the delivery and record nothing."""
 
     why: str
@@ -301,12 +320,12 @@ def start(
 
 
 @dataclass(frozen=True)
-class Append:
+class Append(_Stores):
     event: Event
 
 
 @dataclass(frozen=True)
-class Superseded:
+class Superseded(_StoresNothing):
     why: str
 
 

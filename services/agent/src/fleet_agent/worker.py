@@ -17,7 +17,9 @@ boundary.
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -48,11 +50,11 @@ from fleet_events.session import (
     TurnWork,
     log_subject,
 )
-from fleet_mesh.store import AppendConflict, Head
+from fleet_mesh.decider import Contended, Decided
 from fleet_mesh.work import Delivery, Settle
 
 CANCEL = type_of_class(CancelRequested)
-CONFLICT_TRIES = 32
+D = TypeVar("D", bound=Decided)
 
 
 class TurnWorker:
@@ -139,30 +141,31 @@ class TurnWorker:
                 token.cancel(record.cancel_reason)
 
     async def _take(self, work: TurnWork, delivery: Delivery, token: CancelToken) -> Settle:
-        for _ in range(CONFLICT_TRIES):
-            state, head = await self._log.load(work.tenant, work.session)
-            decision = turns.start(
+        def decide(state: turns.SessionTurns) -> turns.Start | turns.End | turns.Drop:
+            return turns.start(
                 state, work.turn, delivery=delivery.attempt, max_attempts=self._max_attempts,
                 replica=self._replica, restartable=self._runner.restartable,
             )  # fmt: skip
-            if isinstance(decision, turns.Drop):
-                self._logger.info("turn not run", extra={"turn": work.turn, "why": decision.why})
-                return Settle.ACK
-            if isinstance(decision, turns.End):
-                if await self._record(work, head, decision.event):
-                    return Settle.ACK
-                continue
-            if not await self._record(work, head, decision.event):
-                continue
-            return await self._run(work, decision, token)
-        return Settle.NAK
 
-    async def _record(self, work: TurnWork, head: Head, event: Event) -> bool:
+        decision = await self._decide(work, decide)
+        if decision is None:
+            return Settle.NAK  # a very busy log: let the next delivery try again
+        if isinstance(decision, turns.Drop):
+            self._logger.info("turn not run", extra={"turn": work.turn, "why": decision.why})
+            return Settle.ACK
+        if isinstance(decision, turns.End):
+            return Settle.ACK
+        return await self._run(work, decision, token)
+
+    async def _decide(self, work: TurnWork, decide: Callable[[turns.SessionTurns], D]) -> D | None:
+        """The decision on the log read to its head, once what it stores is stored (a lost
+        race decides again); None when the log kept moving under every attempt."""
         try:
-            await self._log.append(work.tenant, work.session, work.turn, event, expect=head)
-        except AppendConflict:
-            return False
-        return True
+            return await self._log.submit(
+                work.tenant, work.session, decide, about=lambda _: (work.turn, None)
+            )
+        except Contended:
+            return None
 
     async def _run(self, work: TurnWork, start: turns.Start, token: CancelToken) -> Settle:
         attempt = start.event.attempt
@@ -172,19 +175,19 @@ class TurnWorker:
             message=requested.data.message, attempt=attempt, replica=self._replica,
         )  # fmt: skip
         ended = await self._outcome(turn, token)
-        for _ in range(CONFLICT_TRIES):
-            state, head = await self._log.load(work.tenant, work.session)
-            decision = turns.finish(state, work.turn, attempt=attempt, event=ended)
-            if isinstance(decision, turns.Superseded):
-                self._logger.warning(
-                    "turn superseded: not recorded",
-                    extra={"turn": work.turn, "attempt": attempt, "why": decision.why},
-                )
-                return Settle.LEAVE
-            if await self._record(work, head, decision.event):
-                await self._hold_before_ack(work.turn, attempt)
-                return Settle.ACK
-        return Settle.NAK
+        decision = await self._decide(
+            work, lambda state: turns.finish(state, work.turn, attempt=attempt, event=ended)
+        )
+        if decision is None:
+            return Settle.NAK
+        if isinstance(decision, turns.Superseded):
+            self._logger.warning(
+                "turn superseded: not recorded",
+                extra={"turn": work.turn, "attempt": attempt, "why": decision.why},
+            )
+            return Settle.LEAVE
+        await self._hold_before_ack(work.turn, attempt)
+        return Settle.ACK
 
     async def _hold_before_ack(self, turn: str, attempt: int) -> None:
         """A test's barrier (`FLEET_AGENT_HOLD_BEFORE_ACK`, off unless set): the turn's end is

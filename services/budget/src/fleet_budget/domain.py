@@ -98,6 +98,11 @@ class Decision:
     event: Event
     new: bool
 
+    @property
+    def events(self) -> tuple[Event, ...]:
+        """What the decision stores: its event when new, nothing for a retry's answer."""
+        return (self.event,) if self.new else ()
+
 
 # --- validation: malformed requests store nothing -----------------------------------------
 
@@ -179,11 +184,19 @@ def _original(state: TreeState, command: Command) -> Decision | None:
     return Decision(event, new=False)
 
 
-def decide(state: TreeState, command: Command, *, tenant_day: str = "") -> Decision:
+def decide(
+    state: TreeState,
+    command: Command,
+    *,
+    tenant_day: str = "",
+    tenant_refusal: TenantRefused | None = None,
+) -> Decision:
     """The answer to a validated command; raises `UnknownTree` before a tree is opened.
 
     `tenant_day` (an open's UTC date) names the tenant ledger the tree will charge; the caller
-    passes the clock's reading so this function stays pure.
+    passes the clock's reading so this function stays pure. `tenant_refusal`: the tenant's day
+    declined a grant's charge, so a grant the tree would give is refused instead. Closing a
+    closed tree stores nothing: it is already what the caller asked for.
     """
     original = _original(state, command)
     if original is not None:
@@ -195,6 +208,10 @@ def decide(state: TreeState, command: Command, *, tenant_day: str = "") -> Decis
     match command:
         case Grant():
             event: Event = _grant(state, command)
+            if tenant_refusal is not None and isinstance(event, Granted):
+                event = refused_by_tenant(state, command, tenant_refusal)
+        case CloseTree() if state.closed:
+            return Decision(TreeClosed(reason="already closed"), new=False)
         case RecordUsage():
             event = UsageRecorded(
                 run=command.run,
@@ -430,6 +447,21 @@ def charge_tenant(
             new=True,
         )
     return Decision(TenantCharged(tree=tree, calls=calls), new=True)
+
+
+def charge_cost(state: TenantDayState, charge_id: str, tree: str, cost: float) -> Decision:
+    """A run's recorded cost counted on its tenant's day, once per `charge_id`."""
+    return _once(state, charge_id, TenantCharged(tree=tree, cost=cost))
+
+
+def release(state: TenantDayState, release_id: str, tree: str, charge: str, calls: int) -> Decision:
+    """A charge handed back (its tree refused the grant), once per `release_id`."""
+    return _once(state, release_id, TenantReleased(tree=tree, charge=charge, calls=calls))
+
+
+def _once(state: TenantDayState, event_id: str, fact: Event) -> Decision:
+    known = state.decisions.get(event_id)
+    return Decision(known, new=False) if known is not None else Decision(fact, new=True)
 
 
 def _tenant_calls_left(state: TenantDayState, caps: TenantCaps) -> int | None:

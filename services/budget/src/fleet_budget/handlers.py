@@ -9,7 +9,7 @@ exceed its cap. A charge whose tree grant is then refused is handed back (`Tenan
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fleet_budget.config import BudgetSettings
 from fleet_budget.domain import (
@@ -18,16 +18,16 @@ from fleet_budget.domain import (
     TenantCaps,
     TenantDayState,
     TreeState,
+    charge_cost,
     charge_tenant,
     decide,
     evolve,
     evolve_tenant,
-    refused_by_tenant,
+    release,
     status,
     validate,
 )
-from fleet_budget.errors import UnknownTree
-from fleet_budget.ledger import Ledgers, envelope_for
+from fleet_budget.errors import Contended, Malformed, UnknownTree
 from fleet_events import Actor, Envelope, Event, utc_now
 from fleet_events.budget import (
     AdmitChild,
@@ -45,14 +45,16 @@ from fleet_events.budget import (
     RecordUsage,
     TenantCharged,
     TenantRefused,
-    TenantReleased,
-    TreeClosed,
     TreeStatus,
     UsageReply,
     tenant_day_subject,
     tree_subject,
 )
-from fleet_mesh.store import EventStore
+from fleet_mesh import decider
+from fleet_mesh.decider import Decider, Ledger
+from fleet_mesh.store import EventStore, StoredEvent
+
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,26 @@ class _Run:
 
 
 def _clone_tree(state: TreeState) -> TreeState:
-    return dataclasses.replace(state, decisions=dict(state.decisions))
+    """Deep enough for a group commit's scratch copy: every dict a grant's evolve writes."""
+    return dataclasses.replace(state, decisions=dict(state.decisions), steps=dict(state.steps))
 
 
 def _clone_day(state: TenantDayState) -> TenantDayState:
     return dataclasses.replace(state, decisions=dict(state.decisions))
+
+
+def _fold_tree(state: TreeState, stored: StoredEvent) -> TreeState:
+    return evolve(state, stored.envelope.id, stored.envelope.data)
+
+
+def _fold_day(state: TenantDayState, stored: StoredEvent) -> TenantDayState:
+    return evolve_tenant(state, stored.envelope.id, stored.envelope.data)
+
+
+TREES = Ledger(name="budget-tree", initial=TreeState, evolve=_fold_tree, clone=_clone_tree)
+TENANT_DAYS = Ledger(
+    name="budget-tenant-day", initial=TenantDayState, evolve=_fold_day, clone=_clone_day
+)
 
 
 class Budget:
@@ -89,13 +106,8 @@ class Budget:
             "attempts": settings.conflict_attempts,
             "deadline_s": settings.conflict_deadline_s,
         }
-        self.trees: Ledgers[TreeState] = Ledgers(
-            store, initial=TreeState, evolve=evolve, clone=_clone_tree, stale=(UnknownTree,),
-            **common,
-        )  # fmt: skip
-        self.tenants: Ledgers[TenantDayState] = Ledgers(
-            store, initial=TenantDayState, evolve=evolve_tenant, clone=_clone_day, **common
-        )
+        self.trees = Decider(store, TREES, stale=(UnknownTree,), **common)
+        self.tenants = Decider(store, TENANT_DAYS, **common)
 
     # --- use cases -------------------------------------------------------------------------
 
@@ -128,10 +140,7 @@ class Budget:
             charged = isinstance(charge, TenantCharged)
 
         def answer(state: TreeState) -> Decision:
-            decision = decide(state, command)
-            if decision.new and isinstance(decision.event, Granted) and refusal:
-                return Decision(refused_by_tenant(state, command, refusal), new=True)
-            return decision
+            return decide(state, command, tenant_refusal=refusal)
 
         decision = await self._submit(command, _Run(command.run), answer)
         if charged and decision.new and not isinstance(decision.event, Granted):
@@ -170,7 +179,7 @@ class Budget:
 
     async def close(self, command: CloseTree) -> TreeStatus:
         validate(command)
-        await self._submit(command, _Run(), lambda s: _close(s, command))
+        await self._submit(command, _Run(), lambda s: decide(s, command))
         return await self._status(command.tree)
 
     async def status(self, query: GetStatus) -> TreeStatus:
@@ -198,8 +207,7 @@ class Budget:
     ) -> Decision:
         def wrap(state: TreeState, event: Event) -> Envelope[Any]:
             tenant = command.tenant if isinstance(command, OpenTree) else state.tenant
-            return envelope_for(
-                self._actor,
+            return self._envelope(
                 command.request_id,
                 tenant,
                 event,
@@ -209,46 +217,61 @@ class Budget:
                 correlation=command.tree,
             )
 
-        return await self.trees.submit(tree_subject(command.tree), command.request_id, answer, wrap)
+        subject = tree_subject(command.tree)
+        return await _on(self.trees, subject, command.request_id, answer, wrap)
 
     async def _charge(
         self, tree: TreeState, request_id: str, calls: int, caps: TenantCaps
     ) -> Event:
         charge_id = _on_tenant(request_id)
-        decision = await self.tenants.submit(
-            tenant_day_subject(tree.tenant, tree.tenant_day),
+        decision = await self._on_day(
+            tree,
             charge_id,
             lambda s: charge_tenant(s, charge_id, tree.tree, calls, caps, tree.tenant_day),
-            self._tenant_envelope(tree, charge_id),
         )
         return decision.event
 
     async def _charge_cost(self, tree: TreeState, request_id: str, cost: float) -> None:
-        charge = TenantCharged(tree=tree.tree, cost=cost)
-        await self._tenant_fact(tree, _on_tenant(request_id), charge)
+        charge_id = _on_tenant(request_id)
+        await self._on_day(tree, charge_id, lambda s: charge_cost(s, charge_id, tree.tree, cost))
 
     async def _release(self, tree: TreeState, request_id: str, calls: int) -> None:
-        released = TenantReleased(tree=tree.tree, charge=_on_tenant(request_id), calls=calls)
-        await self._tenant_fact(tree, f"{request_id}:released", released)
-
-    async def _tenant_fact(self, tree: TreeState, event_id: str, event: Event) -> None:
-        def once(state: TenantDayState) -> Decision:
-            known = state.decisions.get(event_id)
-            return Decision(known, new=False) if known else Decision(event, new=True)
-
-        await self.tenants.submit(
-            tenant_day_subject(tree.tenant, tree.tenant_day),
-            event_id,
-            once,
-            self._tenant_envelope(tree, event_id),
+        charge_id, release_id = _on_tenant(request_id), f"{request_id}:released"
+        await self._on_day(
+            tree, release_id, lambda s: release(s, release_id, tree.tree, charge_id, calls)
         )
 
-    def _tenant_envelope(
-        self, tree: TreeState, event_id: str
-    ) -> Callable[[TenantDayState, Event], Envelope[Any]]:
-        return lambda _, event: envelope_for(
-            self._actor, event_id, tree.tenant, event, correlation=tree.tree
+    async def _on_day(
+        self, tree: TreeState, event_id: str, answer: Callable[[TenantDayState], Decision]
+    ) -> Decision:
+        def wrap(_: TenantDayState, event: Event) -> Envelope[Any]:
+            return self._envelope(event_id, tree.tenant, event, correlation=tree.tree)
+
+        subject = tenant_day_subject(tree.tenant, tree.tenant_day)
+        return await _on(self.tenants, subject, event_id, answer, wrap)
+
+    def _envelope(
+        self, event_id: str, tenant: str, data: Event, **context: str | None
+    ) -> Envelope[Event]:
+        return Envelope(
+            id=event_id, tenant=tenant, actor=self._actor, ts=utc_now(), data=data, **context
         )
+
+
+async def _on(
+    ledgers: Decider[S],
+    subject: str,
+    request_id: str,
+    answer: Callable[[S], Decision],
+    wrap: Callable[[S, Event], Envelope[Any]],
+) -> Decision:
+    """Submit to the kernel; its refusals in the budget's own error families."""
+    try:
+        return await ledgers.submit(subject, answer, wrap, request_id=request_id)
+    except decider.IdUsedElsewhere as exc:
+        raise Malformed(str(exc)) from None
+    except decider.Contended as exc:
+        raise Contended(str(exc)) from None
 
 
 def _would_grant(tree: TreeState, command: Grant) -> bool:
@@ -264,13 +287,6 @@ def _on_tenant(request_id: str) -> str:
     decision cannot share the request id.
     """
     return f"{request_id}:tenant"
-
-
-def _close(state: TreeState, command: CloseTree) -> Decision:
-    """Closing a closed tree stores nothing: it is already what the caller asked for."""
-    if state.closed and command.request_id not in state.decisions:
-        return Decision(TreeClosed(reason="already closed"), new=False)
-    return decide(state, command)
 
 
 def _grant_reply(event: Event) -> GrantReply:

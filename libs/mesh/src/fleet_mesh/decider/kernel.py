@@ -32,6 +32,7 @@ from fleet_mesh.decider.plan import Decided, Ledger, Plan, Request, chains_on, p
 from fleet_mesh.store import (
     EMPTY,
     AppendConflict,
+    Appended,
     DuplicateElsewhere,
     EventStore,
     Head,
@@ -60,6 +61,7 @@ class Cached(Generic[S]):
 class _Pending(Generic[S]):
     request: Request[S, Any]
     answer: "asyncio.Future[Any]"
+    fresh: bool = False
 
 
 @dataclass
@@ -151,6 +153,7 @@ class Decider(Generic[S]):
         if cached is not None:
             return cached
         cached = Cached(self._ledger.initial())
+        await self._restart(subject, cached)
         fold = self._as_fold()
         if fold is not None:
             loaded = await self._store.read_snapshot(subject, fold)
@@ -182,8 +185,13 @@ class Decider(Generic[S]):
         try:
             return await self._read_tail(subject, cached)
         except _Purged:
-            cached.state, cached.head = self._ledger.initial(), EMPTY
+            await self._restart(subject, cached)
             return await self._read_tail(subject, cached)
+
+    async def _restart(self, subject: str, cached: Cached[S]) -> None:
+        """Start the fold over: from nothing, or (a ledger that does not replay) at the head."""
+        cached.state = self._ledger.initial()
+        cached.head = EMPTY if self._ledger.replay else await self._store.head(subject)
 
     async def _read_tail(self, subject: str, cached: Cached[S]) -> int:
         types, folded = self._ledger.types, 0
@@ -218,15 +226,35 @@ class Decider(Generic[S]):
         wrap: Callable[[S, Event], Envelope[Any]],
         *,
         request_id: str | None = None,
+        fresh: bool = False,
     ) -> D:
         """Decide on the subject's fold and append the decision's events (`decide(state)
         .events`), in a group commit with its neighbours; the decision is returned once its
         events are stored (or when it stores none). A lost race folds again and decides again.
+        `fresh`: read the tail before deciding, for a decision that may store nothing yet
+        depends on the latest events (a store-nothing answer is never checked by an append).
         Raises what `decide` raised (nothing stored), `Contended` when every attempt lost,
         `IdUsedElsewhere` when an event id is already on another subject, or a store error."""
-        answer: asyncio.Future[D] = asyncio.get_running_loop().create_future()
+        decision, _ = await self.submit_placed(
+            subject, decide, wrap, request_id=request_id, fresh=fresh
+        )
+        return decision
+
+    async def submit_placed(
+        self,
+        subject: str,
+        decide: Callable[[S], D],
+        wrap: Callable[[S, Event], Envelope[Any]],
+        *,
+        request_id: str | None = None,
+        fresh: bool = False,
+    ) -> tuple[D, tuple[Appended, ...]]:
+        """`submit`, and where the decision's own events were stored (in order; none when it
+        stored nothing)."""
+        answer: asyncio.Future[tuple[D, tuple[Appended, ...]]]
+        answer = asyncio.get_running_loop().create_future()
         slot = self._enter(subject)
-        slot.queue.append(_Pending(Request(request_id, decide, wrap), answer))
+        slot.queue.append(_Pending(Request(request_id, decide, wrap), answer, fresh))
         try:
             while not answer.done():
                 async with slot.lock:
@@ -243,6 +271,8 @@ class Decider(Generic[S]):
             cached = await self._load(subject)
             if cached.contended:  # one read now is cheaper than a lost race and its read-back
                 cached.contended = await self._catch_up(subject, cached)
+            elif any(p.fresh for p in batch):
+                await self._catch_up(subject, cached)
             singly = [False]
             if await self._attempt(subject, cached, batch, singly):
                 return  # the common case, without the retry machinery's overhead
@@ -307,8 +337,11 @@ class Decider(Generic[S]):
             planned = plan(
                 self._ledger, subject, cached.state, requests, stale=self._stale, caught_up=True
             )
+        placed: dict[int, list[Appended]] = {}
         if planned.envelopes:
-            await self._append(subject, cached, pending, planned)
+            stored = await self._append(subject, cached, pending, planned)
+            for owner, appended in zip(planned.owners, stored, strict=True):
+                placed.setdefault(owner, []).append(appended)
         for index, outcome in planned.answers.items():
             one = pending[index]
             if one.answer.done():  # answered as foreign, or its waiter was cancelled
@@ -316,17 +349,17 @@ class Decider(Generic[S]):
             if isinstance(outcome, Exception):
                 one.answer.set_exception(outcome)
             else:
-                one.answer.set_result(outcome)
+                one.answer.set_result((outcome, tuple(placed.get(index, ()))))
 
     async def _append(
         self, subject: str, cached: Cached[S], pending: list[_Pending[S]], planned: Plan[S, Any]
-    ) -> None:
+    ) -> list[Appended]:
         envelopes = planned.envelopes
         try:
             stored = await self._store.append_batch(subject, envelopes, expect=cached.head)
         except AppendConflict as exc:
             if exc.actual is not None and exc.actual < cached.head.seq:
-                cached.state, cached.head = self._ledger.initial(), EMPTY  # purged: start over
+                await self._restart(subject, cached)  # the subject was purged: start over
             await self._catch_up(subject, cached)
             raise
         except DuplicateElsewhere:  # a single event whose id another subject already has
@@ -350,6 +383,7 @@ class Decider(Generic[S]):
                 cached.state = self._ledger.evolve(cached.state, event)
                 prev = appended.hash
         cached.head = stored[-1].head
+        return stored
 
     # --- per-subject slots ----------------------------------------------------------------
 

@@ -42,7 +42,10 @@ class Ledger(Generic[S]):
     original untouched (default: no group commit state is shared, so a full deep copy).
     `types`: the `Fleet-Type`s folded; other events are skipped undecoded (a type a newer
     writer added cannot stop this fold); None folds every event. `name`/`version`/`state_type`
-    key and decode snapshots (bump `version` when `evolve` changes meaning).
+    key and decode snapshots (bump `version` when `evolve` changes meaning). `replay=False`:
+    a subject first used starts at its head, its history unread (for writers whose decisions
+    do not read the state: facts that commute with everyone else's); what is stored after that
+    head is folded as usual.
     """
 
     name: str
@@ -52,6 +55,7 @@ class Ledger(Generic[S]):
     version: int = 1
     state_type: type[S] | None = None
     types: frozenset[str] | None = None
+    replay: bool = True
 
 
 @dataclass(frozen=True, slots=True)

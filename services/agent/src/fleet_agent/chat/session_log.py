@@ -2,16 +2,19 @@
 wait for an answer. Coroutines for the engine bus's loop, where the store's connection lives.
 
 Others append to the same log while a turn runs (the gateway's next message, a cancel, the
-dispatcher's refusals), so each append is made against the head read just before it and
-retried when that moved: the chat agent's facts commute with theirs.
+dispatcher's refusals): the chat agent's facts commute with theirs, so each is appended through
+the decider kernel, which starts at the log's head and decides again (the same fact) when the
+log moved.
 """
 
 import asyncio
 import contextlib
+import weakref
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
+from fleet_agent.domain import facts
 from fleet_agent.engine.model import CancelFlag, EngineMesh
 from fleet_agent.lenient import LenientCodec
 from fleet_events import Envelope, Event, new_id, utc_now
@@ -19,10 +22,18 @@ from fleet_events.catalog import type_of_class
 from fleet_events.chain import TYPE_HEADER
 from fleet_events.session import InputExpired, InputProvided, log_subject
 from fleet_mesh.blobs import JetStreamBlobs
-from fleet_mesh.store import AppendConflict, Appended, StoreError
+from fleet_mesh.decider import Decider, Ledger
+from fleet_mesh.store import Appended, EventStore
 
-APPEND_TRIES = 16
 ANSWERS = frozenset({type_of_class(InputProvided), type_of_class(InputExpired)})
+
+FACTS = Ledger(
+    name="agent-session-facts", initial=lambda: None, evolve=lambda state, _: state,
+    clone=lambda state: state, types=frozenset(), replay=False,
+)  # fmt: skip
+"""The chat agent's facts read nothing of the log: a new log starts at its head, unread."""
+
+_writers: "weakref.WeakKeyDictionary[EventStore, Decider[None]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -34,17 +45,20 @@ class LogScope:
 
 
 async def append(mesh: EngineMesh, scope: LogScope, event: Event) -> Appended:
-    subject = log_subject(scope.tenant, scope.session)
-    for _ in range(APPEND_TRIES):
-        envelope = Envelope(
+    """Store `event` after whatever the log holds (the decider kernel retries a lost race)."""
+    writer = _writers.get(mesh.store)
+    if writer is None:
+        writer = _writers[mesh.store] = Decider(mesh.store, FACTS, capacity=256)
+
+    def wrap(_: None, data: Event) -> Envelope[Event]:
+        return Envelope(
             id=new_id(), tenant=scope.tenant, session=scope.session, turn=scope.turn,
-            run=scope.run, actor=mesh.actor, ts=utc_now(), data=event, correlation=scope.turn,
+            run=scope.run, actor=mesh.actor, ts=utc_now(), data=data, correlation=scope.turn,
         )  # fmt: skip
-        try:
-            return await mesh.store.append(subject, envelope, expect=await mesh.store.head(subject))
-        except AppendConflict:
-            continue
-    raise StoreError(f"{subject}: the log kept moving; {type(event).__name__} was not stored")
+
+    subject = log_subject(scope.tenant, scope.session)
+    _, (appended,) = await writer.submit_placed(subject, lambda state: facts(state, event), wrap)
+    return appended
 
 
 async def wait_for_answer(

@@ -25,6 +25,7 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from fleet_agent.domain import CHILD_ATTEMPTS, child_lost
 from fleet_agent.engine.mesh import MeshPool
 from fleet_agent.engine.model import EngineMesh, RlmTask, RunContext, SlotLease, in_own_thread
 from fleet_agent.engine.rlm import run_rlm
@@ -33,7 +34,7 @@ from fleet_events import Envelope, InvalidId, check_id, new_id, utc_now
 from fleet_events.catalog import type_of_class
 from fleet_events.chain import TYPE_HEADER
 from fleet_events.codec import CodecError
-from fleet_events.run import TERMINAL, ChildRunWork, RunFailed
+from fleet_events.run import TERMINAL, ChildRunWork
 from fleet_events.session import (
     CancelRequested,
     TurnCancelled,
@@ -48,14 +49,9 @@ from fleet_mesh.work import Delivery, Settle, WorkConsumer
 STOPS = (CancelRequested, TurnCompleted, TurnFailed, TurnCancelled)
 STOP_TYPES = frozenset(type_of_class(cls) for cls in STOPS)
 
-MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = CHILD_ATTEMPTS
 """Deliveries of a child run that may run it; the next records it lost (`max_deliver` is this
 plus one, `EngineSettings.child_consumer`)."""
-
-REPLICA_LOST = (
-    f"the replicas running this child run stopped before it ended, {MAX_ATTEMPTS} times: "
-    "ask for the sub-task again"
-)
 
 
 class ChildRunWorker:
@@ -148,10 +144,12 @@ class ChildRunWorker:
         return turn is None or turn.ended is not None or turn.cancel_requested
 
     async def _record_lost(self, mesh: EngineMesh, work: ChildRunWork, head: Head) -> bool:
+        """Fenced, not re-decided: appended only if the run is still where its last delivery
+        found it; a run that moved has a live holder again, whose delivery this no longer is."""
         envelope = Envelope(
             id=new_id(), tenant=work.tenant, session=work.session, turn=work.turn,
             run=work.child_run, parent_run=work.parent_run, actor=mesh.actor, ts=utc_now(),
-            data=RunFailed(error=REPLICA_LOST, reason="replica_lost", retryable=True),
+            data=child_lost(),
             correlation=work.turn,
         )  # fmt: skip
         subject = run_subject(work.tenant, work.session, work.child_run)

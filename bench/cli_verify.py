@@ -30,6 +30,7 @@ from fleet_events import Actor, Envelope, new_id, streams, utc_now
 from fleet_events.session import TurnRequested, log_subject, session_filter
 from fleet_events.signing import KeySet, Signer
 from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.bundle import Sealer
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import open_store
@@ -55,6 +56,11 @@ async def seed(url: str, events: int, out: Path, keyset: Path) -> None:
         ]  # fmt: skip
         await store.append_batch(subject, batch)
     lines = [line async for line in store.export(session_filter("bench", session), keys=keys)]
+    sealer = Sealer(session_filter("bench", session), signer)  # as the gateway's export ends
+    for line in lines[1:]:
+        row = json.loads(line)
+        sealer.event(row["subject"], row["seq"], row["hash"])
+    lines.append(sealer.line())
     await asyncio.to_thread(out.write_bytes, b"".join(line + b"\n" for line in lines))
     await nc.close()
 

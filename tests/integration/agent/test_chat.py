@@ -34,7 +34,6 @@ from fleet_agent.engine.mesh import MeshPool
 from fleet_agent.engine.model import EngineMesh, RlmResult, RlmTask, RunContext, root_run_id
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.runners import Answered, CancelToken, Failed, Parked, Stopped, TurnInput
-from fleet_agent.session_state import FOLD, answer_input, history
 from fleet_events import Actor, Envelope, Event, bus, new_id, streams, utc_now
 from fleet_events.bus import Ping
 from fleet_events.llm import LlmProfile
@@ -65,6 +64,7 @@ from fleet_events.session import (
     run_subject,
     session_filter,
 )
+from fleet_events.session_fold import FOLD, answer_input, history
 from fleet_harness.pdf import tiny_pdf
 from fleet_harness.procs import Launcher
 from fleet_harness.scripted_lm import Reply, ScriptedLM

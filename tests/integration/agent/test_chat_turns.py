@@ -9,7 +9,6 @@ session's sandbox, and the chat run records it with the child chain's head.
 import pytest
 
 from fleet_agent.engine import root_run_id
-from fleet_agent.session_state import FOLD, answer_input
 from fleet_events import bus
 from fleet_events.bus import Ping
 from fleet_events.run import (
@@ -31,6 +30,7 @@ from fleet_events.session import (
     run_subject,
     session_filter,
 )
+from fleet_events.session_fold import FOLD, answer_input
 from fleet_harness.scripted_lm import ScriptedLM
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc

@@ -5,7 +5,6 @@ import pytest
 from nats.js import JetStreamContext
 
 from fleet_agent.lenient import LenientCodec
-from fleet_agent.session_state import FOLD, append_core_memory, history
 from fleet_events import Actor, BlobRef, Envelope, Event, new_id, streams, utc_now
 from fleet_events.codec import CodecError
 from fleet_events.run import ChatMessage, LlmCalled, RunStarted
@@ -20,6 +19,7 @@ from fleet_events.session import (
     run_subject,
     session_filter,
 )
+from fleet_events.session_fold import FOLD, append_core_memory, history
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.store import EMPTY, EventStore, Head, open_store
 

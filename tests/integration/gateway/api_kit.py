@@ -13,8 +13,9 @@ import httpx
 from fastapi import FastAPI
 
 from fleet_events import new_id
-from fleet_gateway.app import GatewayState, create_app
+from fleet_gateway.app import create_app
 from fleet_gateway.config import GatewaySettings
+from fleet_gateway.state import GatewayState
 from fleet_mesh.tokens import issue_token, signing_secret
 
 

@@ -12,12 +12,12 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from fleet_agent.session_state import FOLD
 from fleet_events import bus as verbs
 from fleet_events import new_id, streams
 from fleet_events.bus import Ping
 from fleet_events.sandbox import GetFile
 from fleet_events.session import SessionCreated, session_filter
+from fleet_events.session_fold import FOLD
 from fleet_gateway.routes.documents import MAX_DOCUMENT_BYTES
 from fleet_harness.procs import Launcher
 from fleet_harness.waits import eventually

@@ -12,7 +12,6 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from fleet_agent.session_state import FOLD, SessionState
 from fleet_events import bus as verbs
 from fleet_events import new_id, streams
 from fleet_events.bus import Ping
@@ -30,6 +29,7 @@ from fleet_events.session import (
     TurnRequested,
     session_filter,
 )
+from fleet_events.session_fold import FOLD, SessionState
 from fleet_harness.procs import Launcher
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc

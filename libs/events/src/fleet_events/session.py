@@ -204,7 +204,7 @@ def turn_resume_id(tenant: str, session: str, turn: str, request_id: str) -> str
 
 # -- the session's state: memory, documents, interpreter, input, import / restore ------------
 # (issue 9; the turn lifecycle above is another block.) These are the facts the agent's
-# session fold (`fleet_agent.session_state`) is built from. Each carries the state it leaves
+# session fold (`fleet_events.session_fold`) is built from. Each carries the state it leaves
 # behind (a block's whole new text, a document's whole reference) rather than a diff, so the
 # fold never depends on what came before to read one event right.
 

@@ -4,7 +4,7 @@
 During a rolling upgrade the old and new agent replicas share sessions. `fleet_events.codec`
 refuses a type it does not know (right for audits and for every service that must understand
 each event), so the agent reads sessions through `LenientCodec`, and its session fold skips
-`Unknown` and reports it (`fleet_agent.session_state.skipped_line`). Bytes that are not an
+`Unknown` and reports it (`fleet_events.session_fold.skipped_line`). Bytes that are not an
 envelope, or a known type whose fields do not decode, are still a `CodecError`: those are
 damage, not a newer version.
 """
@@ -13,15 +13,12 @@ from typing import Any
 
 import msgspec
 
-from fleet_events import Envelope, Event
+from fleet_events import Envelope
 from fleet_events.catalog import BY_TAG
 from fleet_events.codec import Codec, CodecError
+from fleet_events.session_fold import Unknown
 
-
-class Unknown(Event, frozen=True, kw_only=True, tag="agent.unknown_type"):
-    """Stands in memory for an event of type `of_type`; never stored (it is in no catalog)."""
-
-    of_type: str
+__all__ = ["LenientCodec", "Unknown"]
 
 
 class _Named(msgspec.Struct):

@@ -13,38 +13,54 @@ import functools
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
-from nats.aio.client import Client
 
 from fleet_events.asyncapi import asyncapi
 from fleet_gateway import components, errors, ui
-from fleet_gateway.api_tokens import ApiTokens
-from fleet_gateway.auth import Authenticator
 from fleet_gateway.config import GatewaySettings
 from fleet_gateway.limits import BodyLimit
-from fleet_gateway.projections import ProjectionStore, Projector
-from fleet_gateway.quotas import UploadQuota
 from fleet_gateway.routes import audit as audit_routes
 from fleet_gateway.routes import auth as auth_routes
 from fleet_gateway.routes import daytona as daytona_routes
 from fleet_gateway.routes import documents as document_routes
 from fleet_gateway.routes import llm_profiles as llm_profile_routes
 from fleet_gateway.routes import probes as probe_routes
+from fleet_gateway.routes import purge as purge_routes
 from fleet_gateway.routes import runtime as runtime_routes
 from fleet_gateway.routes import sandboxes as sandbox_routes
+from fleet_gateway.routes import session_errors
+from fleet_gateway.routes import session_state as session_state_routes
 from fleet_gateway.routes import sessions as session_routes
 from fleet_gateway.routes import transfer as transfer_routes
+from fleet_gateway.routes import turns as turn_routes
 from fleet_gateway.routes import ws as ws_routes
-from fleet_gateway.sessionlog import SessionLog
-from fleet_gateway.tickets import Tickets
+from fleet_gateway.state import GatewayState
 from fleet_mesh import service
 from fleet_mesh.settings import BadSetting, load_settings, read_settings
-from fleet_mesh.store import EventStore
+
+ROUTES: tuple[APIRouter, ...] = (
+    auth_routes.router,
+    session_routes.router,
+    turn_routes.router,
+    session_state_routes.router,
+    purge_routes.router,
+    transfer_routes.router,
+    audit_routes.router,
+    ws_routes.router,
+    document_routes.router,
+    runtime_routes.router,
+    llm_profile_routes.router,
+    llm_profile_routes.roles_router,
+    sandbox_routes.router,
+    daytona_routes.router,
+    probe_routes.router,
+)
+"""The one route table: every router the gateway serves, in the order they are matched (the
+UI's catch-all is mounted after all of them)."""
 
 SERVICE = "gateway"
 HTTP_START_S = 10.0
@@ -53,55 +69,14 @@ HTTP_GRACE_S = 5
 log = logging.getLogger("fleet.gateway")
 
 
-@dataclass
-class GatewayState:
-    settings: GatewaySettings
-    replica: str
-    nc: Client | None = None
-    # Set by `components.attach` once on the bus: the authenticator, ticket bucket, event
-    # store, this replica's read models and their projector.
-    auth: Authenticator | None = None
-    tickets: Tickets | None = None
-    store: EventStore | None = None
-    projections: ProjectionStore | None = None
-    projector: Projector | None = None
-    log: SessionLog | None = None
-    api_tokens: ApiTokens | None = None
-    uploads: UploadQuota | None = None
-    body_limits: dict[str, int] = field(default_factory=dict)
-    """Path prefix → body limit for routes that take more than `max_body_bytes` (uploads)."""
-
-    def body_limit_for(self, path: str) -> int:
-        for prefix, limit in self.body_limits.items():
-            if path.startswith(prefix) or _segments_match(prefix, path):
-                return limit
-        return self.settings.max_body_bytes
-
-
-def _segments_match(pattern: str, path: str) -> bool:
-    """`/api/v1/sessions/*/documents` matches one id where the `*` is (upload routes whose
-    path carries the session)."""
-    want, got = pattern.split("/"), path.rstrip("/").split("/")
-    return len(want) == len(got) and all(w in ("*", g) for w, g in zip(want, got, strict=True))
-
-
 def _build(state: GatewayState, lifespan: Any = None) -> FastAPI:
     app = FastAPI(title="fleet-rlm gateway", lifespan=lifespan)
     app.state.gateway = state
     errors.install(app)
+    session_errors.install(app)
     app.add_middleware(BodyLimit, limit_for=state.body_limit_for)
-    app.include_router(auth_routes.router)
-    app.include_router(session_routes.router)
-    app.include_router(transfer_routes.router)
-    app.include_router(audit_routes.router)
-    app.include_router(ws_routes.router)
-    app.include_router(document_routes.router)
-    app.include_router(runtime_routes.router)
-    app.include_router(llm_profile_routes.router)
-    app.include_router(llm_profile_routes.roles_router)
-    app.include_router(sandbox_routes.router)
-    app.include_router(daytona_routes.router)
-    app.include_router(probe_routes.router)
+    for router in ROUTES:
+        app.include_router(router)
     state.body_limits.update(transfer_routes.BODY_LIMITS | document_routes.BODY_LIMITS)
     document = asyncapi()  # the catalog is fixed for the life of the process
 

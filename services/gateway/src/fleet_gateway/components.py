@@ -8,7 +8,6 @@ started.
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from nats.errors import Error as NatsError
 from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
@@ -22,14 +21,13 @@ from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_gateway.quotas import UploadQuota
 from fleet_gateway.routes.common import version
 from fleet_gateway.sessionlog import open_log
+from fleet_gateway.sessions.commands import SessionCommands
+from fleet_gateway.state import GatewayState
 from fleet_gateway.tickets import Tickets
 from fleet_gateway.traces import export as otel_export
 from fleet_mesh import service
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.store import EventStore, open_store
-
-if TYPE_CHECKING:
-    from fleet_gateway.app import GatewayState
 
 
 def projection_path(data_dir: Path | None, replica: str) -> Path | None:
@@ -45,7 +43,7 @@ RETRY_S = 1.0
 STOP_S = 5.0
 
 
-async def _open(state: "GatewayState", ctx: service.ServiceContext) -> None:
+async def _open(state: GatewayState, ctx: service.ServiceContext) -> None:
     settings = state.settings
     tickets = Tickets(await ctx.js.key_value(streams.TICKETS.bucket), settings.ticket_ttl_s)
     shared = await ctx.js.key_value(streams.GATEWAY.bucket)
@@ -58,6 +56,9 @@ async def _open(state: "GatewayState", ctx: service.ServiceContext) -> None:
     codec = Codec(blobs)
     projections = ProjectionStore(projection_path(settings.data_dir, state.replica))
     state.log = open_log(ctx.nc, store, blobs, codec, state.replica)
+    state.commands = SessionCommands(
+        state.log, projections.active_turns, settings.tenant_concurrent_turns
+    )
     state.tickets, state.store, state.projections = tickets, store, projections
     state.projector = Projector(ctx.nc, store, codec, projections)
     # OTEL_EXPORTER_OTLP_ENDPOINT set: each ended turn's trace is exported (docs/traces.md)
@@ -70,7 +71,7 @@ async def _open(state: "GatewayState", ctx: service.ServiceContext) -> None:
         state.auth.api_tokens = state.api_tokens
 
 
-async def attach(state: "GatewayState", ctx: service.ServiceContext) -> None:
+async def attach(state: GatewayState, ctx: service.ServiceContext) -> None:
     """Open everything and start the projector. On a server not bootstrapped yet (no ticket
     bucket, no stream) the gateway still serves `/health` and `/ready` (which names what is
     missing), its API answers 503 `not_ready`, and it keeps trying every `RETRY_S`."""
@@ -112,7 +113,7 @@ async def attach(state: "GatewayState", ctx: service.ServiceContext) -> None:
     ctx.on_stop.append(stop)
 
 
-def ready(state: "GatewayState") -> tuple[Tickets, EventStore, ProjectionStore]:
+def ready(state: GatewayState) -> tuple[Tickets, EventStore, ProjectionStore]:
     """The handles a route needs, or 503 while the mesh is not bootstrapped."""
     if state.tickets is None or state.store is None or state.projections is None:
         raise ApiError(

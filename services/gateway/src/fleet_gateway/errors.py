@@ -57,7 +57,7 @@ def not_found(kind: str, value: str) -> ApiError:
     )
 
 
-def _respond(error: ApiError) -> JSONResponse:
+def respond(error: ApiError) -> JSONResponse:
     body = ErrorBody(code=error.code, message=error.message, details=error.details)
     return JSONResponse(body.model_dump(), status_code=error.status, headers=error.headers)
 
@@ -118,11 +118,11 @@ def _validation(exc: RequestValidationError) -> ApiError:
 def install(app: FastAPI) -> None:
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
-        return _respond(exc)
+        return respond(exc)
 
     async def invalid(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return _respond(_validation(exc))
+        return respond(_validation(exc))
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
@@ -141,7 +141,7 @@ def install(app: FastAPI) -> None:
         else:
             error = ApiError(exc.status_code, "http_error", str(exc.detail))
         error.headers.update(dict(exc.headers or {}))
-        return _respond(error)
+        return respond(error)
 
     async def store_unavailable(_: Request, exc: Exception) -> JSONResponse:
         log.warning("store unavailable: %s", exc)
@@ -149,12 +149,12 @@ def install(app: FastAPI) -> None:
             503, "store_unavailable", f"the event store did not answer ({exc}); retry shortly"
         )
         error.headers["Retry-After"] = "1"
-        return _respond(error)
+        return respond(error)
 
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         incident = uuid.uuid4().hex
         log.exception("unhandled error", extra={"incident": incident})
-        return _respond(
+        return respond(
             ApiError(
                 500,
                 "internal_error",

@@ -25,8 +25,12 @@ class MessageFrame(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                    tag="message", tag_field="type"):  # fmt: skip
     content: str
     session_id: str
+    id: str | None = None
+    """The frame's id, client-made and optional: the turn request's idempotency key (1-255
+    printable characters), scoped to the tenant and the session; resending the frame with the
+    same id answers the first answer and stores nothing more (the turn id is the gateway's)."""
     turn_id: str | None = None
-    """Client-made, optional: resending a message with the same turn id stores it once."""
+    """The older spelling of `id`, taken when `id` is absent."""
     execution_mode: str = "auto"
     repo_url: str | None = None
     repo_ref: str | None = None

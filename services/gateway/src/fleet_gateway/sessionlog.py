@@ -7,21 +7,26 @@ this replica as the actor, and answers the stream sequence it was stored at, whi
 read on any replica passes as `min_seq`. `append_event` (`SessionLog.append`) is the only
 append:
 
-- `new_session=True`: the log must not exist yet (create; a race is 409 `session_exists`);
+- `new_session=True`: the log must not exist yet (create; a race is `SessionExists`);
 - `create=True`: a session with no log yet is opened with `SessionCreated` in the same atomic
   batch (a WebSocket `message` to a new session id), so a log never starts with anything else;
 - neither opens a session whose id was purged (its `.run.purge` subject holds the
-  `session.purged` marker): 404 `session_not_found`, as every other route answers for it,
-  saying the id was purged and cannot be reused; nothing is stored;
-- otherwise the log must exist: no head in the caller's tenant is 404, the same 404 as
-  another tenant's session. The log, not a projection, decides, so a session created on
-  another replica a moment ago exists here.
+  `session.purged` marker): `SessionPurged`, which reads as not found, saying the id was
+  purged and cannot be reused; nothing is stored;
+- otherwise the log must exist: no head in the caller's tenant is `SessionNotFound`, the same
+  as another tenant's session. The log, not a projection, decides, so a session created on
+  another replica a moment ago exists here;
+- with `check`, each try folds the log (`fleet_events.session_fold`) and asks `check` first:
+  it may answer with a turn request already stored (a retry: nothing is written) or raise
+  the domain error that declines the write.
 
-A race with another writer (the head moved) is retried: the event's place after the other
-one changes nothing it means. The envelope (and its id) is made once, so a retry after a lost
-acknowledgement is deduplicated by the store, never stored twice.
+A race with another writer (the head moved) is retried, re-folding and re-checking: the
+event's place after the other one changes nothing it means. The envelope (and its id) is made
+once, so a retry after a lost acknowledgement is deduplicated by the store, never stored twice.
+Every refusal is a domain error (`fleet_gateway.sessions.errors`); each door says it its way.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,17 +36,17 @@ from starlette.requests import HTTPConnection
 from fleet_events import Actor, Envelope, Event, new_id, utc_now
 from fleet_events.codec import Codec
 from fleet_events.ids import InvalidId, check_id
-from fleet_events.session import (
-    DocumentLoaded,
-    DocumentRemoved,
-    SessionCreated,
-    log_subject,
-    run_subject,
-)
-from fleet_gateway.errors import ApiError, not_found
+from fleet_events.session import SessionCreated, log_subject, run_subject
+from fleet_events.session_fold import FOLD, AskedTurn, SessionState
+from fleet_gateway.errors import ApiError
 from fleet_gateway.live import Hub
+from fleet_gateway.sessions.errors import LogBusy, SessionExists, SessionNotFound, SessionPurged
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.store import EMPTY, AppendConflict, EventStore, Head
+
+Check = Callable[[SessionState], AskedTurn | None]
+"""Asked of the folded log before a write: an earlier request to answer instead, or None to
+write; a domain error to decline."""
 
 APPEND_TRIES = 20
 PURGE_RUN = "purge"
@@ -59,46 +64,26 @@ def checked_session(value: str) -> str:
 
 
 async def log_head(store: EventStore, tenant: str, session: str) -> Head:
-    """The session log's head, or 404 when the tenant has no such session."""
+    """The session log's head, or `SessionNotFound` when the tenant has no such session."""
     head = await store.head(log_subject(tenant, session))
     if head == EMPTY or head.seq == 0:
-        raise not_found("session", session)
+        raise SessionNotFound(session)
     return head
 
 
-async def documents_missing(
-    store: EventStore, tenant: str, session: str, named: list[str]
-) -> str | None:
-    """Why a turn naming `named` documents cannot be stored (None: every one is loaded). Read
-    from the session's own log, so an upload the projections have not applied yet counts; the
-    REST route and the WebSocket `message` frame each raise it as their own error."""
-    loaded: set[str] = set()
-    async for stored in store.replay(log_subject(tenant, session)):
-        match stored.envelope.data:
-            case DocumentLoaded(document=document):
-                loaded.add(document.alias)
-            case DocumentRemoved(alias=alias):
-                loaded.discard(alias)
-    missing = [doc for doc in named if doc not in loaded]
-    if not missing:
-        return None
-    return (
-        f"document(s) {', '.join(repr(d) for d in missing)} are not loaded in session "
-        f"{session!r}: upload them first (POST /api/v1/sessions/{session}/documents, "
-        f"alias=<id>); loaded: {', '.join(sorted(loaded)) or 'none'}"
-    )
+async def folded(store: EventStore, tenant: str, session: str) -> tuple[SessionState, Head]:
+    """The session's state folded from its own `.log` (so a write the projections have not
+    applied yet counts), and the log's head as of that fold."""
+    subject = log_subject(tenant, session)
+    loaded = await store.load(subject, FOLD, use_snapshot=False)
+    return loaded.state, loaded.heads.get(subject, EMPTY)
 
 
 async def refuse_purged(store: EventStore, tenant: str, session: str) -> None:
-    """404 when the session's id was purged: a purged id is never opened again."""
+    """`SessionPurged` when the session's id was purged: a purged id is never opened again."""
     head = await store.head(run_subject(tenant, session, PURGE_RUN))
     if head != EMPTY and head.seq > 0:
-        raise ApiError(
-            404, "session_not_found",
-            f"session {session!r} was purged and its id cannot be reused: start a new session "
-            "(another session_id, or POST /api/v1/sessions)",
-            details={"session": session},
-        )  # fmt: skip
+        raise SessionPurged(session)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +98,11 @@ class Appended:
 async def append_event(
     store: EventStore, actor: Actor, tenant: str, session: str, data: Event, *,
     turn: str | None = None, event_id: str | None = None, create: bool = False,
-    new_session: bool = False, **fields: Any,
-) -> Appended:  # fmt: skip
+    new_session: bool = False, check: Check | None = None, **fields: Any,
+) -> Appended | AskedTurn:  # fmt: skip
     """The one append of a client's write to a session's `.log` (the module's rules);
-    `fields` are further envelope fields (`run`, ...)."""
+    `fields` are further envelope fields (`run`, ...). Answers what was written, or with
+    `check`, the earlier request it answered instead."""
     subject = log_subject(tenant, session)
 
     def envelope(body: Event) -> Envelope[Any]:
@@ -130,16 +116,25 @@ async def append_event(
     )  # fmt: skip
     checked_purge = False
     for _ in range(APPEND_TRIES):
-        head = EMPTY if new_session else await store.head(subject)
+        if new_session:
+            head = EMPTY
+        elif check is not None:
+            state, head = await folded(store, tenant, session)
+        else:
+            head = await store.head(subject)
         if head == EMPTY and (create or new_session) and not checked_purge:
             await refuse_purged(store, tenant, session)  # once: a purge is for good
             checked_purge = True
+        if head == EMPTY and not (create or new_session):
+            raise SessionNotFound(session)
+        if check is not None and not new_session:
+            earlier = check(state)
+            if earlier is not None:
+                return earlier
         try:
             if head == EMPTY and new_session:
                 seq = (await store.append(subject, event, expect=EMPTY)).seq
                 return Appended(seq, seq, event)
-            if head == EMPTY and not create:
-                raise not_found("session", session)
             if head == EMPTY:
                 opened = envelope(SessionCreated())
                 done = await store.append_batch(subject, [opened, event], expect=EMPTY)
@@ -148,17 +143,9 @@ async def append_event(
             return Appended(seq, seq, event)
         except AppendConflict:
             if new_session:
-                raise ApiError(
-                    409, "session_exists",
-                    f"session {session!r} exists already: pick another id, or write to it",
-                    details={"session": session},
-                ) from None  # fmt: skip
+                raise SessionExists(session) from None
             continue
-    raise ApiError(
-        503, "log_busy",
-        f"session {session!r} kept changing under this write ({APPEND_TRIES} tries); retry",
-        headers={"Retry-After": "1"},
-    )  # fmt: skip
+    raise LogBusy(session, APPEND_TRIES)
 
 
 @dataclass
@@ -185,10 +172,12 @@ class SessionLog:
     ) -> Appended:  # fmt: skip
         """Append `data` to the session's `.log` (see the module's rules for `create` and
         `new_session`). A retry with the same `event_id` answers the original sequence."""
-        return await append_event(
-            self.store, Actor(service="gateway", replica=self.replica), tenant, session, data,
+        done = await append_event(
+            self.store, self.actor, tenant, session, data,
             turn=turn, event_id=event_id, create=create, new_session=new_session,
         )  # fmt: skip
+        assert isinstance(done, Appended)  # no `check`: it never answers an earlier request
+        return done
 
     async def write(
         self, tenant: str, session: str, data: Event, *, turn: str | None = None,
@@ -198,6 +187,10 @@ class SessionLog:
         got); `create` defaults to opening a session that has no log yet."""
         done = await self.append(tenant, session, data, turn=turn, event_id=event_id, create=create)
         return done.first_seq, done.seq
+
+    @property
+    def actor(self) -> Actor:
+        return Actor(service="gateway", replica=self.replica)
 
 
 def open_log(

@@ -5,7 +5,7 @@ from typing import Any
 
 from fleet_events import Actor, Envelope
 from fleet_events.envelope import Event
-from fleet_gateway.sessionlog import append_event, log_head
+from fleet_gateway.sessionlog import Appended, append_event, log_head
 from fleet_mesh.store import EventStore
 
 __all__ = ["append_to_log", "log_head"]
@@ -27,4 +27,5 @@ async def append_to_log(
     done = await append_event(
         store, actor, tenant, session, data, turn=turn, new_session=new_session, **envelope
     )
+    assert isinstance(done, Appended)  # no `check`: it never answers an earlier request
     return done.seq, done.envelope

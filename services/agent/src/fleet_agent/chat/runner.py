@@ -67,7 +67,6 @@ from fleet_agent.runners import (
     TurnInput,
     stated_failure,
 )
-from fleet_agent.session_state import FOLD, SessionState, history, skipped_line
 from fleet_events import Event, bus, streams
 from fleet_events import journal as jr
 from fleet_events.budget import CloseTree, OpenTree
@@ -90,6 +89,7 @@ from fleet_events.session import (
     log_subject,
     run_subject,
 )
+from fleet_events.session_fold import FOLD, SessionState, history, skipped_line
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.secrets import SecretError, private_key_from_env

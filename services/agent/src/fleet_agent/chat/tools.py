@@ -31,7 +31,6 @@ from fleet_agent.chat.signatures import LONG_CONTEXT, RLM_TURN
 from fleet_agent.chat.urls import UrlLoader, UrlRefused
 from fleet_agent.engine.model import RlmResult, RlmTask, RunContext, child_run_id
 from fleet_agent.engine.recorder import RunRecorder
-from fleet_agent.session_state import append_core_memory, replace_core_memory
 from fleet_events import new_id
 from fleet_events.run import (
     ChildRunCompleted,
@@ -51,6 +50,7 @@ from fleet_events.session import (
     MemoryFile,
     MemoryFileWritten,
 )
+from fleet_events.session_fold import append_core_memory, replace_core_memory
 from fleet_mesh.rpc import RemoteError
 
 RESULT_CHARS = 16_000

@@ -38,11 +38,11 @@ from fleet_agent.engine.rlm import SANDBOX_LOST, run_rlm
 from fleet_agent.engine.settings import EngineSettings
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.runners import Answered, CancelToken, Failed, StatedFailure, Stopped, TurnInput
-from fleet_agent.session_state import FOLD, SessionState
 from fleet_events import Envelope, bus, new_id, streams, utc_now
 from fleet_events import sandbox as sb
 from fleet_events.budget import CloseTree, OpenTree
 from fleet_events.session import InterpreterState, SandboxAttached, TurnRequested, log_subject
+from fleet_events.session_fold import FOLD, SessionState
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.secrets import SecretError, private_key_from_env

@@ -1,6 +1,8 @@
-"""How one stored event changes the read models: the gateway's own fold of the session
-vocabulary (`fleet_events.session`, `fleet_events.run`), never the agent's (services do not
-import each other).
+"""How one stored event changes the read models. A session's state (its image: history, core
+memory, documents, interpreter, memory files; its pending question) is the one session fold,
+`fleet_events.session_fold`, the agent's too: each row keeps the fold's state (`state`) and the
+image and pending question it gives (`image`, `pending_input`), so `/state` shows what the agent
+restores. The turns and model tables are this read model's own (status, answer, cost).
 
 Everything written is a function of the event and the rows before it, with times taken from
 the envelope (never the clock), so folding the same log from sequence 0 writes the same bytes.
@@ -8,7 +10,7 @@ Tenant and session come from the subject the event is stored under, never from i
 """
 
 import sqlite3
-from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,24 +20,11 @@ from fleet_events import Envelope
 from fleet_events.run import LlmCalled
 from fleet_events.session import (
     CancelRequested,
-    CoreMemoryChanged,
-    DocumentActivated,
-    DocumentLoaded,
-    DocumentRemoved,
-    HistoryTurn,
-    InputExpired,
-    InputProvided,
-    InputRequested,
-    MemoryFileWritten,
-    SandboxAttached,
-    SandboxDetached,
     SessionCreated,
     SessionDeleted,
     SessionImage,
-    SessionImported,
     SessionPurged,
     SessionRenamed,
-    SessionRestored,
     TurnCancelled,
     TurnCompleted,
     TurnFailed,
@@ -43,9 +32,7 @@ from fleet_events.session import (
     TurnRequested,
     TurnStarted,
 )
-
-CORE_BLOCKS = ("persona", "human", "scratchpad")
-CANCELLED_MARK = "[cancelled]"
+from fleet_events.session_fold import EMPTY, SessionState, evolve
 
 _encoder = msgspec.json.Encoder()
 
@@ -58,15 +45,25 @@ def _encode(value: object) -> str:
     return _encoder.encode(value).decode()
 
 
-_image = msgspec.json.Decoder(SessionImage).decode
+_state = msgspec.json.Decoder(SessionState).decode
 
 
 class PendingInput(msgspec.Struct, frozen=True, kw_only=True):
+    """The pending question as `/state` shows it (the fold's, less the run it came from)."""
+
     request_id: str
     question: str
     options: tuple[str, ...] = ()
     timeout_s: float = 0.0
     turn: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _At:
+    """A stored event as the session fold reads it."""
+
+    seq: int
+    envelope: Envelope[Any]
 
 
 def stamp(ts: datetime) -> str:
@@ -91,26 +88,32 @@ def _ensure_session(
     """The first event of a `.log` opens the session row (a created or imported session, or a
     log begun by any other writer); returns whether it was new."""
     cur.execute(
-        "INSERT OR IGNORE INTO sessions VALUES (?,?,?,?,'active',?,?,?,?,0,?,NULL)",
-        (tenant, session, title, owner, ts, ts, seq, seq, _encode(SessionImage())),
+        "INSERT OR IGNORE INTO sessions VALUES (?,?,?,?,'active',?,?,?,?,0,?,NULL,?)",
+        (tenant, session, title, owner, ts, ts, seq, seq, _encode(SessionImage()), _encode(EMPTY)),
     )
     return cur.rowcount == 1
 
 
-def _update_image(
-    cur: sqlite3.Cursor, key: tuple[str, str], change: Callable[[SessionImage], SessionImage]
-) -> None:
-    row = cur.execute("SELECT image FROM sessions WHERE tenant=? AND session=?", key).fetchone()
-    image = _image(row[0])
-    new = change(image)
-    if new is not image:
-        cur.execute(
-            "UPDATE sessions SET image=? WHERE tenant=? AND session=?", (_encode(new), *key)
-        )
-
-
-def _replace(**changes: Any) -> Callable[[SessionImage], SessionImage]:
-    return lambda image: msgspec.structs.replace(image, **changes)
+def _fold_session(cur: sqlite3.Cursor, key: tuple[str, str], seq: int, env: Envelope[Any]) -> None:
+    """The session fold over one more event; the row's image and pending question follow it."""
+    row = cur.execute("SELECT state FROM sessions WHERE tenant=? AND session=?", key).fetchone()
+    state = _state(row[0])
+    new = evolve(state, _At(seq, env))
+    if new is state:
+        return
+    pending = new.pending_input
+    shown = None
+    if pending is not None:
+        shown = _encode(
+            PendingInput(
+                request_id=pending.request_id, question=pending.question,
+                options=pending.options, timeout_s=pending.timeout_s, turn=pending.turn,
+            )
+        )  # fmt: skip
+    cur.execute(
+        "UPDATE sessions SET state=?, image=?, pending_input=? WHERE tenant=? AND session=?",
+        (_encode(new), _encode(new.image), shown, *key),
+    )
 
 
 def _end_turn(
@@ -119,9 +122,9 @@ def _end_turn(
     if turn is None:
         return
     row = cur.execute(
-        "SELECT message, status FROM turns WHERE tenant=? AND session=? AND turn=?", (*key, turn)
+        "SELECT status FROM turns WHERE tenant=? AND session=? AND turn=?", (*key, turn)
     ).fetchone()
-    if row is None or row[1] in ("completed", "failed", "cancelled", "refused"):
+    if row is None or row[0] in ("completed", "failed", "cancelled", "refused"):
         return  # an end for a turn never asked, or a second end: the first one stands
     sets = ", ".join(f"{name}=?" for name in fields)
     cur.execute(
@@ -129,20 +132,6 @@ def _end_turn(
         "WHERE tenant=? AND session=? AND turn=?",
         (*fields.values(), ts, seq, *key, turn),
     )
-    answer = fields.get("answer", "")
-    if fields["status"] == "completed" or (fields["status"] == "cancelled" and answer):
-        text = answer if fields["status"] == "completed" else f"{answer} {CANCELLED_MARK}"
-        entry = HistoryTurn(question=row[0], answer=text, turn=turn)
-        _update_image(cur, key, lambda image: _replace(turns=(*image.turns, entry))(image))
-    pending = cur.execute(
-        "SELECT pending_input FROM sessions WHERE tenant=? AND session=?", key
-    ).fetchone()[0]
-    if pending is not None and msgspec.json.decode(pending, type=PendingInput).turn == turn:
-        cur.execute("UPDATE sessions SET pending_input=NULL WHERE tenant=? AND session=?", key)
-
-
-def _documents(image: SessionImage, alias: str) -> tuple[Any, ...]:
-    return tuple(d for d in image.documents if d.alias != alias)
 
 
 def _log_event(
@@ -185,85 +174,7 @@ def _log_event(
             _end_turn(cur, key, env.turn, seq, ts, status="cancelled", answer=partial)
         case TurnRefused(reason=reason, message=message):
             _end_turn(cur, key, env.turn, seq, ts, status="refused", error=message, code=reason)
-        case CoreMemoryChanged(block=block, value=value) if block in CORE_BLOCKS:
-            _update_image(
-                cur,
-                key,
-                lambda image: _replace(
-                    core_memory=msgspec.structs.replace(image.core_memory, **{block: value})
-                )(image),
-            )
-        case MemoryFileWritten(file=file):
-            _update_image(
-                cur,
-                key,
-                lambda image: _replace(
-                    memory_files=(*(f for f in image.memory_files if f.path != file.path), file)
-                )(image),
-            )
-        case DocumentLoaded(document=document):
-            _update_image(
-                cur,
-                key,
-                lambda image: _replace(
-                    documents=(*_documents(image, document.alias), document),
-                    active_document=document.alias,
-                )(image),
-            )
-        case DocumentActivated(alias=alias):
-
-            def activate(image: SessionImage) -> SessionImage:
-                found = [d for d in image.documents if d.alias == alias]
-                if not found:
-                    return image
-                return _replace(
-                    documents=(*_documents(image, alias), found[0]), active_document=alias
-                )(image)
-
-            _update_image(cur, key, activate)
-        case DocumentRemoved(alias=alias):
-
-            def remove(image: SessionImage) -> SessionImage:
-                active = None if image.active_document == alias else image.active_document
-                return msgspec.structs.replace(
-                    image, documents=_documents(image, alias), active_document=active
-                )
-
-            _update_image(cur, key, remove)
-        case SandboxAttached(interpreter=interpreter):
-            _update_image(cur, key, _replace(interpreter=interpreter))
-        case SandboxDetached(sandbox=sandbox):
-
-            def detach(image: SessionImage) -> SessionImage:
-                current = image.interpreter
-                if current is None or current.sandbox != sandbox:
-                    return image
-                return _replace(interpreter=msgspec.structs.replace(current, sandbox=None))(image)
-
-            _update_image(cur, key, detach)
-        case InputRequested():
-            pending = PendingInput(
-                request_id=data.request_id,
-                question=data.question,
-                options=data.options,
-                timeout_s=data.timeout_s,
-                turn=env.turn,
-            )
-            cur.execute(
-                "UPDATE sessions SET pending_input=? WHERE tenant=? AND session=?",
-                (_encode(pending), *key),
-            )
-        case InputProvided(request_id=request_id) | InputExpired(request_id=request_id):
-            cur.execute(
-                "UPDATE sessions SET pending_input=NULL WHERE tenant=? AND session=? "
-                "AND json_extract(pending_input, '$.request_id')=?",
-                (*key, request_id),
-            )
-        case SessionImported(image=image) | SessionRestored(image=image):
-            cur.execute(
-                "UPDATE sessions SET image=?, pending_input=NULL WHERE tenant=? AND session=?",
-                (_encode(image), *key),
-            )
+    _fold_session(cur, key, seq, env)
 
 
 def _run_event(cur: sqlite3.Cursor, key: tuple[str, str], env: Envelope[Any]) -> None:

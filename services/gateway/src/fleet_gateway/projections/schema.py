@@ -1,7 +1,7 @@
 """The read models' tables. Bump `VERSION` whenever a table or the fold changes meaning: a
 database of another version is dropped and rebuilt from sequence 0 on open."""
 
-VERSION = 2
+VERSION = 3
 PROJECTOR = "sessions"
 """The checkpoint's name: one projector fills every table here in one transaction per batch.
 Trace trees (issue 12) add tables and bump `VERSION`, or get a projector and checkpoint of
@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     turn_count INTEGER NOT NULL,
     image TEXT NOT NULL,
     pending_input TEXT,
+    state TEXT NOT NULL,
     PRIMARY KEY (tenant, session)
 );
 CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (tenant, created_seq);

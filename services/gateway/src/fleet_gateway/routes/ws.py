@@ -3,8 +3,10 @@
 Both are opened with `?ticket=` (single use, any replica) and stream one session's stored
 events, each with its stream sequence, from `after_seq` on (a client that reconnects passes the
 last sequence it received and gets exactly what it missed), plus the live deltas. The
-execution socket also takes client frames: `message` → `TurnRequested`, `cancel` →
-`CancelRequested`, `command` (answering a clarification) → `InputProvided`.
+execution socket also takes client frames, each a session command (`fleet_gateway.sessions`,
+the same ones the REST routes call): `message` → `TurnRequested` (its `id`, the idempotency
+key, makes a resent frame answer the first answer), `cancel` → `CancelRequested`, `command`
+(answering a clarification) → `InputProvided`.
 
 A dropped socket only stops the watch: the turn is work on the mesh, not a task of this
 socket, so it runs on and the client reads its end when it comes back (the earlier system
@@ -22,13 +24,8 @@ import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from fleet_events import new_id
 from fleet_events.ids import InvalidId, check_id
-from fleet_events.session import (
-    CancelRequested,
-    InputProvided,
-    TurnRequested,
-)
+from fleet_events.session import InputProvided, TurnRequested
 from fleet_gateway.auth import Principal
 from fleet_gateway.errors import ApiError
 from fleet_gateway.frames import (
@@ -41,8 +38,9 @@ from fleet_gateway.frames import (
     parse,
 )
 from fleet_gateway.live import TRACE_MODES, Overflowed, TraceMode, Watch
-from fleet_gateway.quotas import turns_over_quota
-from fleet_gateway.sessionlog import SessionLog, documents_missing, session_log
+from fleet_gateway.sessionlog import SessionLog, session_log
+from fleet_gateway.sessions.commands import SessionCommands
+from fleet_gateway.sessions.errors import SessionError
 from fleet_gateway.tickets import redeem_ticket
 from fleet_mesh.store import StoreError
 
@@ -199,39 +197,39 @@ async def _frame(sock: _Socket, text: str) -> None:
         await _handle(sock, frame)
     except FrameError as exc:
         await sock.send(error_frame(exc.code, exc.message))
-    except ApiError as exc:
+    except (ApiError, SessionError) as exc:
         await sock.send(error_frame(exc.code, exc.message, **exc.details))
     except StoreError as exc:
         await sock.send(error_frame("durable_state_write_failed", f"the log refused it: {exc}"))
 
 
 async def _handle(sock: _Socket, frame: ClientFrame) -> None:
+    """Each frame is a session command (`SessionCommands`, the same ones the REST routes
+    call); what it refuses comes back as an error frame with the command's code."""
     tenant = sock.principal.tenant
     state = sock.ws.app.state.gateway
     if state.auth is not None:  # a frame costs the tenant a request, as an HTTP call does
         state.auth.rate.charge(tenant)  # 429 rate_limited: an error frame, the socket stays
+    run: SessionCommands | None = state.commands
+    if run is None:
+        raise ApiError(503, "not_ready", "the gateway is waiting for the mesh; see GET /ready")
     match frame:
         case MessageFrame():
-            limit = state.settings.tenant_concurrent_turns
-            active = state.projections.active_turns(tenant) if state.projections else 0
-            if active >= limit:  # the same quota as POST /{id}/turns
-                raise turns_over_quota(tenant, active, limit)
-            if frame.document_ids:
-                await _check_documents(sock, frame.session_id, frame.document_ids)
             mode: TraceMode = "off" if not frame.trace else _mode(frame.trace_mode)
-            turn = frame.turn_id or new_id()
             request = TurnRequested(
                 message=frame.content, mode=frame.execution_mode,
                 document_ids=tuple(frame.document_ids), context_paths=tuple(frame.context_paths),
                 repo_url=frame.repo_url, repo_ref=frame.repo_ref,
             )  # fmt: skip
-            first, seq = await sock.handles.write(
-                tenant, frame.session_id, request, turn=turn, event_id=turn
+            key = frame.id if frame.id is not None else frame.turn_id
+            field = "message frame's " + ("id" if frame.id is not None else "turn_id")
+            done = await run.request_turn(
+                tenant, frame.session_id, request, key=key, key_field=field, create=True
             )
-            sock.last_turn[frame.session_id] = turn
+            sock.last_turn[frame.session_id] = done.turn
             # watch from the request itself: the client sees its turn from its first event
-            await sock.watch_session(frame.session_id, first - 1, mode)
-            await sock.send(_accepted("message", frame.session_id, turn, seq))
+            await sock.watch_session(frame.session_id, done.first_seq - 1, mode)
+            await sock.send(_accepted("message", frame.session_id, done.turn, done.seq))
         case CancelFrame():
             target = frame.session_id or sock.session
             cancelled = frame.turn_id or (sock.last_turn.get(target) if target else None)
@@ -240,28 +238,17 @@ async def _handle(sock: _Socket, frame: ClientFrame) -> None:
                     "nothing_to_cancel",
                     "this socket has sent no turn: name session_id and turn_id to cancel one",
                 )
-            _, seq = await sock.handles.write(
-                tenant, target, CancelRequested(reason="user"), turn=cancelled, create=False
-            )
-            await sock.send(_accepted("cancel", target, cancelled, seq))
+            done = await run.cancel(tenant, target, cancelled, "user")
+            await sock.send(_accepted("cancel", target, done.turn, done.seq))
         case CommandFrame():
             where = frame.session_id or sock.session
             if where is None:
                 raise FrameError("no_session", "name session_id: no session is watched here")
-            provided = _answer(frame)
             asked = frame.args.get("turn_id")
-            _, seq = await sock.handles.write(
-                tenant, where, provided, turn=asked if isinstance(asked, str) else None,
-                create=False,
-            )  # fmt: skip
-            await sock.send(_accepted("command", where, None, seq, command=frame.command))
-
-
-async def _check_documents(sock: _Socket, session: str, named: list[str]) -> None:
-    """An error frame (nothing stored) unless every document the message names is loaded."""
-    why = await documents_missing(sock.handles.store, sock.principal.tenant, session, named)
-    if why is not None:
-        raise FrameError("document_not_found", why)
+            written = await run.answer(
+                tenant, where, _answer(frame), asked if isinstance(asked, str) else None
+            )
+            await sock.send(_accepted("command", where, None, written.seq, command=frame.command))
 
 
 def _answer(frame: CommandFrame) -> InputProvided:

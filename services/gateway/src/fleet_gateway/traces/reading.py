@@ -6,9 +6,10 @@ Only the types the span tree reads are decoded (picked by the `Fleet-Type` heade
 newer writer added, or one whose offloaded payload is gone, is skipped, not fatal.
 """
 
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, Protocol
+
+from cachetools import LRUCache
 
 from fleet_events import Envelope, run, session
 from fleet_events.binding import subject_tenant
@@ -70,34 +71,41 @@ async def session_events(
     return (await _decoded(store, codec, subject, TRACE_TYPES))[0]
 
 
+Held = tuple[int, list[Envelope[Any]]]
+"""A session's last sequence read and its trace events up to it."""
+
+
+def _events_held(held: Held) -> int:
+    return len(held[1])
+
+
 class SessionCache:
     """The trace events of recently read sessions, each with the last sequence read, so the
     next read of a session asks only for what was stored since (a tail: one round trip when
     nothing changed). The log is append-only, so what was read stays true. Bounded by events
-    held over all sessions; the least recently read session goes first. Per replica."""
+    held over all sessions (`cachetools.LRUCache` sized by events): the least recently read
+    session goes first; a session larger than the whole bound is read and not kept. Per
+    replica."""
 
     def __init__(self, max_events: int = 50_000) -> None:
         self.max_events = max_events
-        self._held: OrderedDict[tuple[str, str], tuple[int, list[Envelope[Any]]]] = OrderedDict()
-        self._count = 0
+        self._held: LRUCache[tuple[str, str], Held] = LRUCache(max_events, _events_held)
 
     async def events(
         self, store: RawReader, codec: Codec, tenant: str, session_id: str
     ) -> list[Envelope[Any]]:
         key = (tenant, session_id)
-        last, held = self._held.pop(key, (0, []))
-        self._count -= len(held)
+        last, held = self._held.get(key, (0, []))
         subject = session.session_filter(tenant, session_id)
         new, read_to = await _decoded(store, codec, subject, TRACE_TYPES, from_seq=last + 1)
         events = held + new if new else held
-        raced = self._held.pop(key, None)  # a concurrent read of the same session put it back
-        if raced is not None:
-            self._count -= len(raced[1])
-        self._held[key] = (max(last, read_to), events)
-        self._count += len(events)
-        while self._count > self.max_events and len(self._held) > 1:
-            _, (_, dropped) = self._held.popitem(last=False)
-            self._count -= len(dropped)
+        raced = self._held.get(key)  # a concurrent read of the same session stored more
+        if raced is not None and raced[0] > max(last, read_to):
+            return raced[1]
+        if len(events) <= self.max_events:
+            self._held[key] = (max(last, read_to), events)
+        else:
+            self._held.pop(key, None)
         return events
 
 

@@ -6,17 +6,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from fleet_agent.session_state import (
-    EMPTY,
-    FOLD,
-    SessionState,
-    answer_input,
-    append_core_memory,
-    evolve,
-    history,
-    replace_core_memory,
-    skipped_line,
-)
 from fleet_events import Actor, BlobRef, Envelope, Event, utc_now
 from fleet_events.run import LlmCalled, RunStarted
 from fleet_events.session import (
@@ -50,6 +39,17 @@ from fleet_events.session import (
     TurnRequested,
     log_subject,
 )
+from fleet_events.session_fold import (
+    EMPTY,
+    FOLD,
+    SessionState,
+    answer_input,
+    append_core_memory,
+    evolve,
+    history,
+    replace_core_memory,
+    skipped_line,
+)
 from fleet_mesh.store import StoredEvent
 
 ACTOR = Actor(service="agent", replica="a-0")
@@ -61,13 +61,15 @@ class FutureFact(Event, frozen=True, kw_only=True, tag="future.fact"):
     note: str = ""
 
 
-def stored(data: Event, *, turn: str | None = None, run: str | None = None) -> StoredEvent:
+def stored(
+    data: Event, *, turn: str | None = None, run: str | None = None, id: str = "e", seq: int = 1
+) -> StoredEvent:
     env = Envelope(
-        id="e", tenant="acme", session="s1", turn=turn, run=run, actor=ACTOR, ts=utc_now(),
+        id=id, tenant="acme", session="s1", turn=turn, run=run, actor=ACTOR, ts=utc_now(),
         data=data,
     )  # fmt: skip
     return StoredEvent(
-        subject=log_subject("acme", "s1"), seq=1, envelope=env, hash="", prev_hash=""
+        subject=log_subject("acme", "s1"), seq=seq, envelope=env, hash="", prev_hash=""
     )
 
 
@@ -394,8 +396,10 @@ def test_import_replaces_everything_never_merges() -> None:
         documents=(doc("z"),),
         active_document="z",
     )
-    state = fold(SessionImported(image=image, source_head_hash="h" * 64), state=busy_state())
-    assert state == SessionState(image=image)
+    busy = busy_state()
+    state = fold(SessionImported(image=image, source_head_hash="h" * 64), state=busy)
+    assert busy.requests  # the turn requests stay known: the log still holds them
+    assert state == SessionState(image=image, requests=busy.requests)
     after = fold(*turn("t3", "new", "answer"), state=state)
     assert history(after) == [
         {"question": "old q", "answer": "old a"},
@@ -409,7 +413,9 @@ def test_a_turn_left_open_before_an_import_gets_no_history_entry() -> None:
 
 
 def test_restoring_the_empty_image_resets_everything() -> None:
-    assert fold(SessionRestored(image=SessionImage(), upto_seq=0), state=busy_state()) == EMPTY
+    busy = busy_state()
+    restored = fold(SessionRestored(image=SessionImage(), upto_seq=0), state=busy)
+    assert restored == msgspec.structs.replace(EMPTY, requests=busy.requests)  # the log's own
 
 
 def test_delete_is_a_tombstone_that_import_does_not_lift() -> None:
@@ -453,7 +459,7 @@ def test_known_events_of_other_concerns_are_not_reported_as_unknown() -> None:
 
 
 def test_the_fold_has_a_name_a_version_and_a_snapshot_type() -> None:
-    assert (FOLD.name, FOLD.version, FOLD.state_type) == ("agent-session", 1, SessionState)
+    assert (FOLD.name, FOLD.version, FOLD.state_type) == ("session", 2, SessionState)
     state = busy_state()
     assert FOLD.evolve(EMPTY, stored(DocumentLoaded(document=doc("a")))) == fold(
         DocumentLoaded(document=doc("a"))

@@ -4,10 +4,10 @@ import msgspec
 import pytest
 
 from fleet_agent.lenient import LenientCodec, Unknown
-from fleet_agent.session_state import EMPTY, evolve, skipped_line
 from fleet_events import Actor, BlobRef, Envelope, Event, utc_now
 from fleet_events.codec import Codec, CodecError, sha256_hex
 from fleet_events.session import CoreMemoryChanged, log_subject
+from fleet_events.session_fold import EMPTY, evolve, skipped_line
 from fleet_mesh.store import StoredEvent
 
 ACTOR = Actor(service="agent", replica="a-new")

@@ -1,21 +1,29 @@
-"""A session's state is a fold over its events; core-memory and input decisions are pure too.
+"""The session model: a session's state is a fold over its `.log`; core-memory, input and
+turn-request decisions over it are pure too. No I/O: the agent and the gateway both use it.
 
-Any agent replica rebuilds a session by replaying `fleet.session.<tenant>.<session>.>` (or a
-snapshot plus its tail) through `SessionFold`, so no replica holds a session of its own. The
-fold does no I/O and never raises on an event: a type it does not know (written by a newer
-replica) is skipped and counted in the state, so a replica one version behind keeps working and
-its caller can say so in one log line (`skipped_line`). Import and restore replace the whole
-state; an empty log is the empty state. Bump `SessionFold.version` whenever `evolve` changes
-meaning, including when it learns a new event type, so snapshots folded without it are ignored.
+Any agent replica rebuilds a session by replaying `fleet.session.<tenant>.<session>.log` (or a
+snapshot plus its tail) through `SessionFold`, so no replica holds a session of its own; the
+gateway's writer folds the same log to decide a turn request (is its idempotency key known, are
+its documents loaded) and its projector keeps the same state per session row. The fold does no
+I/O and never raises on an event: a type it does not know (written by a newer replica) is
+skipped and counted in the state, so a replica one version behind keeps working and its caller
+can say so in one log line (`skipped_line`). Import and restore replace the image; an empty log
+is the empty state. Bump `SessionFold.version` whenever `evolve` changes meaning, including
+when it learns a new event type, so snapshots folded without it are ignored.
+
+Every `turn.requested` is remembered by its event id (`requests`): a client's idempotency key
+becomes that id (a hash of tenant, session and key, made by the gateway), so a retry is
+answered from the fold however long ago the first came, not from the stream's duplicate
+window, and only inside the session's own log.
 """
 
+import hashlib
 from typing import Any, Protocol
 
 import msgspec
 
-from fleet_agent.lenient import Unknown
-from fleet_events import Envelope, Event
 from fleet_events.catalog import ALL_EVENTS, type_of
+from fleet_events.envelope import Envelope, Event
 from fleet_events.session import (
     CORE_MEMORY_LIMITS,
     CoreMemory,
@@ -44,6 +52,14 @@ from fleet_events.session import (
     TurnRequested,
 )
 
+
+class Unknown(Event, frozen=True, kw_only=True, tag="agent.unknown_type"):
+    """Stands in memory for an event of type `of_type` that a lenient reader could not decode
+    (a newer writer's type); never stored (it is in no catalog)."""
+
+    of_type: str
+
+
 KNOWN: frozenset[type[Event]] = frozenset(ALL_EVENTS)
 
 CANCELLED_MARK = "[cancelled]"
@@ -53,6 +69,9 @@ next turn's model sees what was said and that it was cut short."""
 
 class Stored(Protocol):
     """What the fold reads of a stored event (`fleet_mesh.store.StoredEvent` is one)."""
+
+    @property
+    def seq(self) -> int: ...
 
     @property
     def envelope(self) -> Envelope[Any]: ...
@@ -76,9 +95,19 @@ class OpenTurn(msgspec.Struct, frozen=True, kw_only=True):
     question: str
 
 
+class AskedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """A `turn.requested` as a retry of it is answered: its turn, where it was stored, and a
+    digest of what it asked (`request_digest`), so a different body under its id is told."""
+
+    turn: str
+    seq: int
+    digest: str
+
+
 class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     """What a turn needs of its session, rebuilt from the log (and snapshotted as msgpack).
 
+    `requests` maps the event id of every turn request to its `AskedTurn`, first one standing.
     `skipped` names the event types this fold version did not know, first seen first;
     `skipped_count` counts every event skipped for that reason.
     """
@@ -87,6 +116,7 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     open_turns: tuple[OpenTurn, ...] = ()
     pending_input: PendingInput | None = None
     deleted: bool = False
+    requests: dict[str, AskedTurn] = {}
     skipped: tuple[str, ...] = ()
     skipped_count: int = 0
 
@@ -123,13 +153,28 @@ def _end_turn(state: SessionState, turn: str | None, answer: str | None) -> Sess
 
 
 def _replaced(state: SessionState, image: SessionImage) -> SessionState:
-    """Import and restore: nothing of the old state survives but the fold's own bookkeeping."""
+    """Import and restore: nothing of the old state survives but the fold's own bookkeeping
+    (the requests stay: the log still holds them, and a retry of one is still that one)."""
     return SessionState(
         image=image,
         deleted=state.deleted,
+        requests=state.requests,
         skipped=state.skipped,
         skipped_count=state.skipped_count,
     )
+
+
+def request_digest(request: TurnRequested) -> str:
+    """What a turn request asked, as one value: two requests are the same when it is."""
+    return hashlib.sha256(msgspec.json.encode(request)).hexdigest()
+
+
+def _asked(state: SessionState, event: Stored, turn: str, request: TurnRequested) -> SessionState:
+    env = event.envelope
+    if env.id in state.requests:
+        return state
+    asked = AskedTurn(turn=turn, seq=event.seq, digest=request_digest(request))
+    return msgspec.structs.replace(state, requests={**state.requests, env.id: asked})
 
 
 def _documents(state: SessionState, alias: str) -> tuple[DocumentRef, ...]:
@@ -142,6 +187,7 @@ def evolve(state: SessionState, event: Stored) -> SessionState:
     data = env.data
     match data:
         case TurnRequested(message=message) if env.turn is not None:
+            state = _asked(state, event, env.turn, data)
             if any(t.turn == env.turn for t in state.open_turns):
                 return state  # the same turn asked twice: the first request stands
             opened = (*state.open_turns, OpenTurn(turn=env.turn, question=message))
@@ -204,8 +250,8 @@ def evolve(state: SessionState, event: Stored) -> SessionState:
 class SessionFold:
     """The session fold as `fleet_mesh.store.EventStore.load(filter, fold)` takes it."""
 
-    name = "agent-session"
-    version = 1
+    name = "session"
+    version = 2
     state_type = SessionState
 
     def initial(self) -> SessionState:
@@ -348,3 +394,34 @@ def answer_input(
             f"{', '.join(map(repr, pending.options)) or '(none; answer in text)'}",
         )
     return InputProvided(request_id=request_id, answer=answer, option=option)
+
+
+# -- what a turn request meets: an earlier request under its id, documents, open turns -----
+
+
+def earlier_request(
+    state: SessionState, event_id: str, request: TurnRequested
+) -> tuple[AskedTurn, bool] | None:
+    """The turn request already stored under `event_id` (None: none is) and whether `request`
+    asks the same as it: the same is a retry, answered with the first; a different one under
+    the same id is the client's error."""
+    asked = state.requests.get(event_id)
+    if asked is None:
+        return None
+    return asked, asked.digest == request_digest(request)
+
+
+def missing_documents(state: SessionState, named: tuple[str, ...]) -> list[str]:
+    """The aliases in `named` that no loaded document of the session has, in their order."""
+    loaded = {d.alias for d in state.image.documents}
+    return [alias for alias in named if alias not in loaded]
+
+
+def active_turn(state: SessionState) -> str | None:
+    """The turn a cancel without a turn id means: the latest asked that has not ended."""
+    return state.open_turns[-1].turn if state.open_turns else None
+
+
+def asked_turn(state: SessionState, turn: str) -> bool:
+    """Whether `turn` was ever requested in the session (ended or not)."""
+    return any(asked.turn == turn for asked in state.requests.values())

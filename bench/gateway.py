@@ -40,7 +40,6 @@ from fleet_events import Actor, Envelope, bus, new_id, streams, utc_now
 from fleet_events.bus import Ping
 from fleet_events.codec import Codec
 from fleet_events.session import SessionCreated, SessionRenamed, log_subject
-from fleet_gateway.auth import issue_token, signing_secret
 from fleet_gateway.projections import ProjectionStore, Projector
 from fleet_harness.procs import Launcher
 from fleet_mesh import rpc
@@ -49,6 +48,7 @@ from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer, free_port
 from fleet_mesh.store import EMPTY, EventStore, Head, open_store
+from fleet_mesh.tokens import issue_token, signing_secret
 
 WRITER = Actor(service="bench", replica="bench")
 TENANT = "bench"

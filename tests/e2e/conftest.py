@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fleet_cli.client import ClientError, mint_token
+from fleet_cli.errors import ClientError
+from fleet_cli.localmesh import mint_token
 from fleet_mesh.natsserver import free_port
 
 

@@ -24,6 +24,7 @@ from fleet_events.session import SessionCreated, SessionRenamed, log_subject
 from fleet_events.signing import KeySet, Signer
 from fleet_harness.waits import eventually
 from fleet_mesh.connection import connect
+from fleet_mesh.keyfiles import read_signer
 from fleet_mesh.store import Head, open_store
 from fleet_mesh.store.headers import append_headers
 
@@ -235,7 +236,7 @@ async def test_a_rewrite_re_signed_with_a_stolen_service_key_is_named_by_the_che
 
         await eventually(pinned_head, timeout=60, interval=0.2, what="a checkpoint of the log")
         # The thief holds the gateway's key: purge the log, write a new history, sign it all.
-        stolen = Signer.read(mesh.data_dir / "keys" / "gateway.key")
+        stolen = read_signer(mesh.data_dir / "keys" / "gateway.key")
         thief = await open_store(js, streams.SESSIONS, signer=stolen)
         await js.purge_stream(streams.SESSIONS.name, subject=log)
         rewritten = Head(0, GENESIS)

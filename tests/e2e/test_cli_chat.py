@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fleet_cli.mesh import gateway_dir
-from fleet_gateway.auth import dev_token
 from fleet_harness.waits import eventually
+from fleet_mesh.tokens import dev_token
 
 from .conftest import Mesh, StartMesh
 

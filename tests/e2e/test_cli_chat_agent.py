@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from fleet_cli.mesh import gateway_dir
-from fleet_gateway.auth import dev_token
 from fleet_harness.scripted_lm import Reply, ScriptedLM, ScriptedRequest
 from fleet_harness.waits import eventually
+from fleet_mesh.tokens import dev_token
 
 from .conftest import StartMesh
 from .test_cli_chat import ANSI, Terminal

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_cli.client import mint_token
+from fleet_cli.localmesh import mint_token
 from fleet_events import new_id
 from fleet_harness.scripted_lm import ScriptedLM, ScriptedRequest
 from fleet_harness.waits import eventually

@@ -14,6 +14,7 @@ from fleet_events.session import TurnRequested, log_subject
 from fleet_events.signing import Checkpoint, KeySet, Signer, SigningError
 from fleet_harness.waits import eventually
 from fleet_mesh.checkpoints import checkpoint_file, read_checkpoints
+from fleet_mesh.keyfiles import read_keyset, read_signer
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import EMPTY, open_store
 
@@ -25,7 +26,7 @@ async def test_fleet_up_checkpoints_what_its_services_sign(
 ) -> None:
     keys = ensure_keys(tmp_path, ["agent"])
     agent = await open_store(
-        private_js, streams.SESSIONS, signer=Signer.read(key_path(tmp_path, "agent"))
+        private_js, streams.SESSIONS, signer=read_signer(key_path(tmp_path, "agent"))
     )
     subject = log_subject("acme", new_id())
     appended = await agent.append(
@@ -55,4 +56,4 @@ async def test_fleet_up_will_not_extend_a_checkpoint_file_it_cannot_vouch_for(
         async with checkpointing(private_nats.url, tmp_path, asyncio.Event()):
             pass
     assert json.loads(path.read_bytes())["number"] == 1  # left as it was, for the operator
-    assert isinstance(KeySet.read(tmp_path / "keys" / "keyset.json"), KeySet)
+    assert isinstance(read_keyset(tmp_path / "keys" / "keyset.json"), KeySet)

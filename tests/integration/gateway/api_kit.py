@@ -14,8 +14,8 @@ from fastapi import FastAPI
 
 from fleet_events import new_id
 from fleet_gateway.app import GatewayState, create_app
-from fleet_gateway.auth import issue_token, signing_secret
 from fleet_gateway.config import GatewaySettings
+from fleet_mesh.tokens import issue_token, signing_secret
 
 
 @dataclass

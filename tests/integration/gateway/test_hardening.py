@@ -18,12 +18,12 @@ from fleet_events import streams
 from fleet_events.config import SETTINGS, tenant_key
 from fleet_events.session import log_subject, run_subject, session_filter
 from fleet_events.signing import CHECKPOINT, KeySet, Signer
-from fleet_gateway.auth import issue_token, signing_secret
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.checkpoints import Checkpointer, checkpoint_file, serve_purges
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import EventStore, open_store
+from fleet_mesh.tokens import issue_token, signing_secret
 
 SETTINGS_PATH = "/api/v1/runtime/settings"
 TOKENS = "/api/v1/auth/tokens"

@@ -23,6 +23,7 @@ from fleet_mesh.blobs import JetStreamBlobs
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.checkpoints import Checkpointer, checkpoint_file, read_checkpoints, serve_purges
 from fleet_mesh.connection import connect
+from fleet_mesh.keyfiles import read_signer
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.rpc import Served
 from fleet_mesh.store import EventStore, open_store
@@ -237,7 +238,7 @@ async def test_a_purge_through_fleet_ups_checkpointer_verifies_with_signatures_r
     nc = await connect(private_nats.url, name="test")
     await bootstrap(nc.jetstream(), env={})
     agent = await open_store(
-        nc.jetstream(), streams.SESSIONS, signer=Signer.read(key_path(data, "agent"))
+        nc.jetstream(), streams.SESSIONS, signer=read_signer(key_path(data, "agent"))
     )
     monkeypatch.setenv(SIGNING_KEY_ENV, str(key_path(data, "gateway")))
     stop = asyncio.Event()

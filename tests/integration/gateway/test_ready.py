@@ -20,13 +20,13 @@ from fleet_events import bus as verbs
 from fleet_events import streams, subjects
 from fleet_events.bus import Ping, Pong
 from fleet_gateway.app import create_app
-from fleet_gateway.auth import issue_token, signing_secret
 from fleet_gateway.config import GatewaySettings
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
+from fleet_mesh.tokens import issue_token, signing_secret
 
 OTHERS = ("agent", "sandbox-broker", "budget", "quality")
 Gateway = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]

@@ -21,11 +21,11 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from fleet_events import new_id
-from fleet_gateway.auth import issue_token, signing_secret
 from fleet_harness.procs import Replica, start_answering
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.natsserver import NatsServer, free_port
 from fleet_mesh.secrets import ensure_keypair
+from fleet_mesh.tokens import issue_token, signing_secret
 
 EXAMPLES = 25
 CHECKS = [

@@ -12,12 +12,12 @@ import pytest
 from nats.aio.client import Client
 from tests.integration.gateway.api_kit import tenant_id
 
-from fleet_gateway.auth import issue_token, signing_secret
 from fleet_harness.procs import Launcher
 from fleet_harness.waits import eventually
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer, free_port
+from fleet_mesh.tokens import issue_token, signing_secret
 
 pytestmark = pytest.mark.slow
 

@@ -23,11 +23,11 @@ from websockets.uri import parse_uri
 from fleet_events import Actor, Envelope, Event, new_id, streams, utc_now
 from fleet_events.session import log_subject
 from fleet_gateway.app import create_app
-from fleet_gateway.auth import issue_token, signing_secret
 from fleet_gateway.config import GatewaySettings
 from fleet_harness.waits import eventually
 from fleet_mesh.natsserver import free_port
 from fleet_mesh.store import AppendConflict, EventStore, open_store
+from fleet_mesh.tokens import issue_token, signing_secret
 
 OTHER = Actor(service="agent", replica="test")
 

@@ -138,6 +138,23 @@ async def test_the_model_probe_reports_the_local_models_state_and_speed(
     assert calls == 1  # a model that is loading is not asked
 
 
+def test_a_stopped_meshs_model_is_never_reported_up_from_its_state_file(tmp_path: Path) -> None:
+    """`fleet up` wrote "up" and then stopped (or was killed): the file still says up, but the
+    model stopped with its mesh. Only while that mesh runs may the file's "up" be believed."""
+
+    async def write() -> None:
+        reporter = StateReporter(tmp_path / "llm", None, asyncio.get_running_loop())
+        reporter.report("up", "listening on 127.0.0.1:8181")
+
+    asyncio.run(write())
+    ((name, up, detail, advice),) = last_local_state(tmp_path / "llm", mesh_runs=False)
+    assert (name, up) == ("llm", False)
+    assert detail.startswith("stopped with its mesh (was up")
+    assert "start the mesh again" in advice
+    ((_, up_while_running, _, _),) = last_local_state(tmp_path / "llm", mesh_runs=True)
+    assert up_while_running
+
+
 def test_fleet_doctor_reads_the_state_fleet_up_left_when_no_gateway_answers(
     tmp_path: Path,
 ) -> None:
@@ -146,12 +163,12 @@ def test_fleet_doctor_reads_the_state_fleet_up_left_when_no_gateway_answers(
         reporter.report("failed", "g++ is missing: apt-get install g++", advice="install it")
 
     asyncio.run(write())
-    ((name, up, detail, advice),) = last_local_state(tmp_path / "llm")
+    ((name, up, detail, advice),) = last_local_state(tmp_path / "llm", mesh_runs=False)
     assert (name, up) == ("llm", False)
     assert "failed" in detail
     assert "apt-get install g++" in detail
     assert advice == "install it"
-    assert last_local_state(tmp_path / "nothing") == []
+    assert last_local_state(tmp_path / "nothing", mesh_runs=False) == []
     rows = component_rows([{"name": "llm", "kind": "llm", "state": "down", "detail": "x"}])
     llm_advice = next(r[3] for r in rows if r[0] == "llm")
     assert "--llm none" in llm_advice

@@ -11,11 +11,13 @@ import jwt
 import pytest
 from typer.testing import CliRunner, Result
 
-from fleet_cli.client import ClientError, find_target
+from fleet_cli.client import find_target
 from fleet_cli.commands.doctor import component_rows
+from fleet_cli.errors import ClientError
+from fleet_cli.localmesh import NoMesh
 from fleet_cli.main import cli
-from fleet_gateway.auth import SECRET_FILE, dev_token
 from fleet_mesh.natsserver import free_port
+from fleet_mesh.tokens import SECRET_FILE, dev_token
 
 app = cli()  # every command, as `fleet --help` has them
 
@@ -57,9 +59,17 @@ def test_fleet_url_and_fleet_token_point_the_client_anywhere_else(tmp_path: Path
 def test_no_gateway_secret_is_a_clear_error_and_none_is_created(tmp_path: Path) -> None:
     """Minting with a fresh secret would give a token no running gateway accepts (every call
     a puzzling 401): the client says to start the mesh and leaves the data dir alone."""
+    (tmp_path / "up.json").write_text(json.dumps({"gateway": "http://127.0.0.1:9", "nats": "x"}))
     with pytest.raises(ClientError, match=r"no gateway signing secret in .*fleet up"):
         find_target(tmp_path, env={})
     assert not (tmp_path / "gateway" / SECRET_FILE).exists()
+
+
+def test_with_no_mesh_running_no_address_is_guessed(tmp_path: Path) -> None:
+    """No up.json and no FLEET_URL: the client names the data dir it looked in and what to do,
+    instead of sending requests (with FLEET_TOKEN, a real token) to a default port."""
+    with pytest.raises(NoMesh, match=r"no mesh runs from .*FLEET_URL and FLEET_TOKEN"):
+        find_target(tmp_path, env={"FLEET_TOKEN": "a-real-token"})
 
 
 def test_fleet_token_prints_only_the_token_and_refuses_a_tenant_that_is_no_id(
@@ -155,7 +165,7 @@ def test_the_development_token_is_never_sent_to_another_gateway(tmp_path: Path) 
 
     stopped = tmp_path / "stopped"
     dev_token(stopped / "gateway")  # a secret from an earlier run; no fleet up now
-    with pytest.raises(ClientError, match=r"none is running: no up.json"):
+    with pytest.raises(ClientError, match=r"no mesh runs from .*stopped"):
         find_target(stopped, env={})
 
 
@@ -167,7 +177,7 @@ def test_a_state_file_left_by_a_killed_fleet_up_is_not_a_running_mesh(tmp_path: 
     mesh = a_mesh_dir(tmp_path, "http://127.0.0.1:7001")
     state = json.loads((mesh / "up.json").read_text())
     (mesh / "up.json").write_text(json.dumps({**state, "pid": int(ended.stdout)}))
-    with pytest.raises(ClientError, match=r"none is running"):
+    with pytest.raises(ClientError, match=r"no mesh runs from"):
         find_target(mesh, env={})
     (mesh / "up.json").write_text(json.dumps({**state, "pid": os.getpid()}))  # alive
     assert find_target(mesh, env={}).url == "http://127.0.0.1:7001"

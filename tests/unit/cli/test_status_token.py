@@ -2,6 +2,7 @@
 verdict; the detail needs an admin's token)."""
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,11 +12,11 @@ import jwt
 import pytest
 from typer.testing import CliRunner
 
-from fleet_cli import status
+from fleet_cli import localmesh
+from fleet_cli.localmesh import admin_token
 from fleet_cli.main import cli
 from fleet_cli.mesh import gateway_dir
-from fleet_cli.status import admin_token
-from fleet_gateway.auth import signing_secret
+from fleet_mesh.tokens import signing_secret
 
 
 @pytest.fixture(autouse=True)
@@ -80,17 +81,55 @@ def _status(data_dir: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
-def test_with_no_mesh_running_the_default_address_gets_no_token(
+def test_with_no_mesh_running_nothing_is_asked_and_the_last_mesh_is_named(
     tmp_path: Path, gateway: tuple[str, list[str | None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A mesh that ran here left its signing secret, but none runs now (no up.json): whatever
-    answers at the default address is not this mesh, and must not get a 30-day admin token."""
+    """A mesh ran here, at the stand-in's port, and stopped (no up.json; its signing secret
+    and the user's reminder remain). Whatever answers at that remembered port now is not this
+    mesh: it is asked nothing (so sent no 30-day admin token), and the CLI says no mesh runs,
+    where the last one was, and what to do."""
     url, seen = gateway
     monkeypatch.delenv("FLEET_TOKEN", raising=False)
-    monkeypatch.setattr(status, "DEFAULT_GATEWAY", url)
+    monkeypatch.delenv("FLEET_DATA_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     signing_secret(gateway_dir(tmp_path))
-    _status(tmp_path)
-    assert seen == [None]
+    localmesh.remember_mesh(tmp_path, url)
+    result = CliRunner().invoke(cli(), ["status", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"no mesh runs from {tmp_path}" in said
+    assert f"gateway {url}, data {tmp_path}, stopped" in said
+    assert seen == []
+    run = CliRunner().invoke(cli(), ["run", "hello", "--data-dir", str(tmp_path)])
+    assert run.exit_code == 2, run.output
+    assert "no mesh runs from" in " ".join(run.output.split())
+    assert seen == []
+
+
+def test_a_command_typed_in_another_folder_finds_the_running_mesh(
+    tmp_path: Path,
+    gateway: tuple[str, list[str | None]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`fleet status` with no --data-dir, from a folder with no .fleet: the last mesh this user
+    started still runs, so its gateway is asked, with its own development token."""
+    url, seen = gateway
+    mesh = tmp_path / "mesh"
+    secret = signing_secret(gateway_dir(mesh))
+    (mesh / "up.json").write_text(json.dumps({"gateway": url, "pid": os.getpid()}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("FLEET_TOKEN", raising=False)
+    monkeypatch.delenv("FLEET_DATA_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    localmesh.remember_mesh(mesh, url)
+    result = CliRunner().invoke(cli(), ["status"])
+    assert result.exit_code == 0, result.output
+    [sent] = seen
+    assert sent is not None
+    claims = jwt.decode(sent[7:], secret, algorithms=["HS256"], options={"verify_aud": False})
+    assert claims["fleet_admin"] is True
 
 
 def test_the_running_meshs_gateway_gets_its_token(

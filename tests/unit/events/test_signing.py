@@ -16,9 +16,9 @@ from fleet_events.signing import (
     Signer,
     SigningError,
     checkpoint_chain_problem,
-    signer_from_env,
     subject_matches,
 )
+from fleet_mesh.keyfiles import read_signer, signer_from_env, write_signer
 
 LOG = "fleet.session.acme.s1.log"
 
@@ -72,14 +72,14 @@ def test_the_key_set_round_trips_and_refuses_a_key_under_another_id() -> None:
 
 def test_a_key_file_readable_by_others_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "agent.key"
-    Signer.generate("agent").write(path)
+    write_signer(Signer.generate("agent"), path)
     assert signer_from_env({SIGNING_KEY_ENV: str(path)}) is not None
     assert signer_from_env({}) is None
     os.chmod(path, 0o644)
     with pytest.raises(SigningError, match="chmod 600"):
-        Signer.read(path)
+        read_signer(path)
     cp = tmp_path / "cp.key"
-    Signer.generate("cp", CHECKPOINT).write(cp)
+    write_signer(Signer.generate("cp", CHECKPOINT), cp)
     with pytest.raises(SigningError, match="services sign with an append key"):
         signer_from_env({SIGNING_KEY_ENV: str(cp)})
 

@@ -15,18 +15,17 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from fleet_gateway.auth import (
+from fleet_gateway.auth import Authenticator, Principal
+from fleet_gateway.config import GatewaySettings
+from fleet_gateway.errors import ApiError
+from fleet_mesh.tokens import (
     GATEWAY_AUDIENCE,
     GATEWAY_ISSUER,
     SECRET_FILE,
-    Authenticator,
-    Principal,
     dev_token,
     issue_token,
     signing_secret,
 )
-from fleet_gateway.config import GatewaySettings
-from fleet_gateway.errors import ApiError
 
 
 def _auth(tmp_path: Path, **settings: object) -> Authenticator:

@@ -15,10 +15,10 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from fleet_cli.errors import ClientError
+from fleet_cli.localmesh import gateway_url, mint_token, recorded_gateway
 from fleet_cli.mesh import gateway_dir
-from fleet_cli.status import gateway_url, recorded_gateway
 from fleet_events import new_id
-from fleet_gateway.auth import SECRET_FILE, dev_token
 
 MODES = ("auto", "rlm_only", "tools_only")
 # The turn's last event says how it ended; the CLI's exit status says the same to a script.
@@ -28,10 +28,6 @@ ENDINGS = {
     "turn.cancelled": "cancelled",
     "turn.refused": "refused",
 }
-
-
-class ClientError(Exception):
-    """What went wrong talking to the gateway, worded for the person at the terminal."""
 
 
 @dataclass(frozen=True)
@@ -46,16 +42,16 @@ class Target:
 
 
 def find_target(data_dir: Path, env: Mapping[str, str] | None = None) -> Target:
-    """`FLEET_URL` / `FLEET_TOKEN` win; else the mesh `fleet up` runs from `data_dir`. A token
-    is only minted from a signing secret the gateway already made: minting one here would
-    create a secret no running gateway shares, and every request would be a puzzling 401."""
+    """`FLEET_URL` / `FLEET_TOKEN` win; else the mesh `fleet up` runs from `data_dir` (none
+    running is `NoMesh`: no address is guessed). A token is only minted from a signing secret
+    the gateway already made: minting one here would create a secret no running gateway
+    shares, and every request would be a puzzling 401."""
     env = os.environ if env is None else env
+    recorded = recorded_gateway(data_dir)
     url = env.get("FLEET_URL") or gateway_url(data_dir, None)
     token = env.get("FLEET_TOKEN", "")
     source = "FLEET_URL" if env.get("FLEET_URL") else f"{data_dir}/up.json"
     if not token:
-        token = mint_token(data_dir)
-        recorded = recorded_gateway(data_dir)
         if recorded is None or url.rstrip("/") != recorded.rstrip("/"):
             # the local mesh's development token (an admin's, 30 days) goes to that mesh only
             raise ClientError(
@@ -64,18 +60,9 @@ def find_target(data_dir: Path, env: Mapping[str, str] | None = None) -> Target:
                 + ": set FLEET_TOKEN to a token that gateway accepts, or start the local mesh "
                 "with `fleet up` (its development token is never sent to another address)"
             )
+        token = mint_token(data_dir)
         source += f" and the development token of {gateway_dir(data_dir)}"
     return Target(url.rstrip("/"), token, source)
-
-
-def mint_token(data_dir: Path, *, tenant: str = "dev", user: str = "dev") -> str:
-    secret_dir = gateway_dir(data_dir)
-    if not (secret_dir / SECRET_FILE).exists():
-        raise ClientError(
-            f"no gateway signing secret in {secret_dir}: start the mesh with `fleet up "
-            f"--data-dir {data_dir}` first, or set FLEET_URL and FLEET_TOKEN for another mesh"
-        )
-    return dev_token(secret_dir, tenant=tenant, user=user)
 
 
 def _problem(response: httpx.Response) -> str:

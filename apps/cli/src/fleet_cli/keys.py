@@ -26,6 +26,7 @@ from fleet_mesh.checkpoints import (
     serve_purges,
 )
 from fleet_mesh.connection import connect
+from fleet_mesh.keyfiles import read_signer, write_signer
 from fleet_mesh.store import open_store
 
 KEYS_DIR = "keys"
@@ -52,8 +53,8 @@ def ensure_keys(data_dir: Path, services: Iterable[str]) -> KeySet:
     for owner, role in wanted:
         path = key_path(data_dir, owner)
         if not path.exists():
-            Signer.generate(owner, role).write(path)
-        signers.append(Signer.read(path))
+            write_signer(Signer.generate(owner, role), path)
+        signers.append(read_signer(path))
     keys = KeySet.of(signers, require_signatures=True)
     keyset = directory / KEYSET_FILE
     staged = keyset.with_suffix(".tmp")
@@ -84,7 +85,7 @@ async def checkpointing(
     keys = ensure_keys(data_dir, SERVICES)
     directory = (data_dir / CHECKPOINTS_DIR).resolve()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    signer = Signer.read(key_path(data_dir, CHECKPOINTER))
+    signer = read_signer(key_path(data_dir, CHECKPOINTER))
     nc = await connect(nats_url, name="fleet-checkpointer")
     try:
         js = nc.jetstream()

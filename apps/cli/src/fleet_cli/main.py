@@ -28,7 +28,12 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 console = Console(width=None if sys.stdout.isatty() else 120)
 
 DataDir = Annotated[
-    Path, typer.Option("--data-dir", help="private NATS store, logs and state of this mesh")
+    Path,
+    typer.Option(
+        "--data-dir",
+        envvar="FLEET_DATA_DIR",
+        help="private NATS store, logs and state of this mesh",
+    ),
 ]
 
 
@@ -111,6 +116,17 @@ def up_command(
         raise typer.Exit(2) from None
 
 
+def _started(options: "UpOptions", started: "asyncio.Event") -> None:
+    """The services run: remember this mesh for commands typed elsewhere or after a stop."""
+    from fleet_cli.localmesh import remember_mesh
+
+    try:
+        remember_mesh(options.data_dir, options.gateway_url)
+    except OSError as exc:  # a read-only home costs only the reminder, never the mesh
+        log.warning("could not remember this mesh for later commands: %s", exc)
+    started.set()
+
+
 async def _up(options: "UpOptions", llm: "LlmOptions", ready_timeout: float) -> None:
     import asyncio
     import signal
@@ -134,7 +150,7 @@ async def _up(options: "UpOptions", llm: "LlmOptions", ready_timeout: float) -> 
             options,
             stop,
             on_change=show,
-            on_started=lambda _: started.set(),
+            on_started=lambda _: _started(options, started),
             before_services=hook(llm, lambda line: log.info("%s", line), stop),
         )
     )
@@ -151,9 +167,10 @@ async def _announce(
 ) -> None:
     """Once the processes are up, wait for /ready and print the URL (or why it is not)."""
     from fleet_cli import display
+    from fleet_cli.localmesh import admin_token
     from fleet_cli.mesh import gateway_dir
-    from fleet_cli.status import admin_token, ask, wait_ready
-    from fleet_gateway.auth import dev_token
+    from fleet_cli.status import ask, wait_ready
+    from fleet_mesh.tokens import dev_token
 
     await started.wait()
     answer = await wait_ready(options.gateway_url, ready_timeout)
@@ -187,13 +204,18 @@ def status_command(
     import asyncio
 
     from fleet_cli import display
-    from fleet_cli.status import admin_token, ask, gateway_url, recorded_gateway
+    from fleet_cli.localmesh import admin_token, mesh_dir, no_mesh_message, recorded_gateway
+    from fleet_cli.status import ask
 
-    # the mesh's own token only to the gateway its running `fleet up` recorded: with none
-    # running, whatever answers at the default address is not this mesh
-    local = recorded_gateway(data_dir.resolve())
-    target = gateway_url(data_dir.resolve(), url)
-    token = admin_token(data_dir.resolve(), local=local is not None and target == local)
+    data_dir = mesh_dir(data_dir)
+    # the mesh's own token only to the gateway its running `fleet up` recorded; with none
+    # running and no --url, nothing is asked: a default port may be anyone's
+    local = recorded_gateway(data_dir)
+    target = url.rstrip("/") if url else local
+    if target is None:
+        console.print(f"[red]{no_mesh_message(data_dir)}[/]", soft_wrap=True)
+        raise typer.Exit(2)
+    token = admin_token(data_dir, local=local is not None and target == local)
     answer = asyncio.run(ask(target, token=token))
     if answer.status_code is None:
         console.print(

@@ -1,17 +1,11 @@
 """A client of the gateway's `/ready`: one look, or a bounded wait until it says ready."""
 
 import asyncio
-import json
-import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
-
-DEFAULT_GATEWAY = "http://127.0.0.1:8080"
 
 
 @dataclass(frozen=True)
@@ -24,61 +18,6 @@ class ReadyAnswer:
     @property
     def ready(self) -> bool:
         return self.status_code == 200
-
-
-def recorded_gateway(data_dir: Path) -> str | None:
-    """The gateway URL a running `fleet up` recorded in `data_dir`; None when none runs: no
-    `up.json`, or one left by a `fleet up` that was killed (its pid is gone, and whatever
-    listens on that port now is not this mesh's gateway)."""
-    state = data_dir / "up.json"
-    if state.exists():
-        try:
-            recorded = json.loads(state.read_text())
-            return None if _gone(recorded.get("pid")) else str(recorded["gateway"])
-        except (ValueError, KeyError, AttributeError):
-            pass
-    return None
-
-
-def _gone(pid: object) -> bool:
-    """Whether the `fleet up` that wrote the state file has ended (a file with no pid, from
-    before it was recorded, is taken at its word)."""
-    if not isinstance(pid, int) or isinstance(pid, bool):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # a process of another user holds that pid now: not our fleet up
-        return True
-    return False
-
-
-def gateway_url(data_dir: Path, explicit: str | None) -> str:
-    """An explicit URL wins; else the one a running `fleet up` recorded; else the default."""
-    if explicit:
-        return explicit.rstrip("/")
-    return recorded_gateway(data_dir) or DEFAULT_GATEWAY
-
-
-def admin_token(
-    data_dir: Path, *, local: bool = True, env: Mapping[str, str] | None = None
-) -> str | None:
-    """The token that shows `/ready`'s detail (an anonymous caller gets only the verdict):
-    `FLEET_TOKEN`, else the development token of the mesh in `data_dir` when the gateway asked
-    is that mesh's (`local`: a token of this machine's mesh is never sent to another), else
-    none."""
-    env = os.environ if env is None else env
-    if env.get("FLEET_TOKEN"):
-        return env["FLEET_TOKEN"]
-    if not local:
-        return None
-    from fleet_cli.client import ClientError, mint_token  # client imports this module
-
-    try:
-        return mint_token(data_dir)
-    except (ClientError, RuntimeError):  # no secret yet, or one half written: the verdict only
-        return None
 
 
 async def ask(url: str, timeout: float = 5.0, token: str | None = None) -> ReadyAnswer:

@@ -18,11 +18,8 @@ import base64
 import binascii
 import hashlib
 import json
-import os
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from nacl.exceptions import BadSignatureError
@@ -109,47 +106,23 @@ class Signer:
             }
         )
 
-    def write(self, path: Path) -> None:
-        """Written with mode 0600 from its first byte: never readable by another user."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(self.file_text())
-
     @classmethod
-    def read(cls, path: Path) -> "Signer":
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            raise SigningError(
-                f"signing key {path} has mode {mode:o}: other users could read it; "
-                f"chmod 600 {path} (or generate a new key if it may have leaked)"
-            )
+    def parse(cls, text: str, where: str) -> "Signer":
+        """A key file's text (`file_text`); `where` names it in errors (its path)."""
         try:
-            row = json.loads(path.read_text())
+            row = json.loads(text)
             if row.get("kind") != KEY_FILE_KIND:
                 kind = row.get("kind")
-                raise SigningError(f"{path} is not a {KEY_FILE_KIND} file (kind {kind!r})")
+                raise SigningError(f"{where} is not a {KEY_FILE_KIND} file (kind {kind!r})")
             seed = SigningKey(_unb64(row["seed"], "seed"))
             signer = cls(str(row["owner"]), str(row["role"]), seed)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, SigningError):
                 raise
-            raise SigningError(f"signing key {path} is unreadable: {exc!r}") from exc
+            raise SigningError(f"signing key {where} is unreadable: {exc!r}") from exc
         if signer.role not in ROLES:
-            raise SigningError(f"signing key {path} has role {signer.role!r}, not one of {ROLES}")
+            raise SigningError(f"signing key {where} has role {signer.role!r}, not one of {ROLES}")
         return signer
-
-
-def signer_from_env(env: Mapping[str, str] | None = None) -> Signer | None:
-    """The key this process appends with (`FLEET_SIGNING_KEY`), or None: it appends unsigned."""
-    path = (os.environ if env is None else env).get(SIGNING_KEY_ENV)
-    if not path:
-        return None
-    signer = Signer.read(Path(path))
-    if signer.role != APPEND:
-        raise SigningError(
-            f"{SIGNING_KEY_ENV}={path} is a {signer.role} key; services sign with an append key"
-        )
-    return signer
 
 
 @dataclass(frozen=True)
@@ -210,11 +183,12 @@ class KeySet:
         return cls(keys, require)
 
     @classmethod
-    def read(cls, path: Path) -> "KeySet":
+    def parse(cls, text: str, where: str) -> "KeySet":
+        """A key set file's text; `where` names it in errors (its path)."""
         try:
-            row = json.loads(path.read_text())
+            row = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise SigningError(f"key set {path} is not JSON: {exc}") from exc
+            raise SigningError(f"key set {where} is not JSON: {exc}") from exc
         return cls.from_json(row)
 
     def _check(self, role: str, key_id: str, sig: str, message: bytes) -> str | None:

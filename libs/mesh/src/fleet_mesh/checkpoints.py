@@ -38,6 +38,7 @@ from fleet_events.signing import (
 )
 from fleet_events.streams import StreamSpec
 from fleet_mesh import rpc
+from fleet_mesh.keyfiles import read_keyset, read_signer
 from fleet_mesh.store import EventStore
 from fleet_mesh.store.headers import MSG_ID
 
@@ -252,8 +253,8 @@ async def serve_purges(nc: Client, checkpointer: Checkpointer) -> rpc.Served:
 
 def _settings() -> tuple[Signer, KeySet, Path]:
     """Read once, before the loop starts: the key, the pinned key set, the checkpoint dir."""
-    signer = Signer.read(Path(os.environ[CHECKPOINT_KEY_ENV]))
-    keys = KeySet.read(Path(os.environ[KEYSET_ENV]))
+    signer = read_signer(Path(os.environ[CHECKPOINT_KEY_ENV]))
+    keys = read_keyset(Path(os.environ[KEYSET_ENV]))
     directory = Path(os.environ[CHECKPOINT_DIR_ENV])
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     return signer, keys, directory

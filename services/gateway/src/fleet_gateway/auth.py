@@ -16,11 +16,7 @@ Three kinds of token are accepted, each with its own keys, so one can never pass
 """
 
 import asyncio
-import contextlib
-import os
-import secrets
 import time
-from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 import httpx
@@ -33,11 +29,12 @@ from fleet_events.ids import InvalidId, check_id
 from fleet_gateway.config import GatewaySettings
 from fleet_gateway.errors import ApiError
 from fleet_gateway.quotas import RateLimiter
+from fleet_mesh.tokens import (
+    GATEWAY_AUDIENCE,
+    GATEWAY_ISSUER,
+    signing_secret,
+)
 
-GATEWAY_ISSUER = "fleet-gateway"
-GATEWAY_AUDIENCE = "fleet-rlm"
-SECRET_FILE = "signing-secret"  # noqa: S105 - a file name, not a secret
-DEV_TOKEN_TTL_S = 30 * 24 * 3600
 ASYMMETRIC = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256")
 MAX_TOKEN_CHARS = 8192
 
@@ -50,50 +47,6 @@ class Principal(BaseModel):
     tenant: str
     user: str
     admin: bool = False
-
-
-def signing_secret(data_dir: Path) -> bytes:
-    """The gateway's HS256 secret, created on first use (0600). Replicas sharing a data dir
-    share it; a race to create it is settled by O_EXCL, the loser reading the winner's."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / SECRET_FILE
-    with contextlib.suppress(FileExistsError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_hex(32) + "\n")
-    text = path.read_text().strip()
-    if len(text) < 64:  # a crash between create and write leaves it short: say so, never use it
-        raise RuntimeError(
-            f"{path} holds no usable secret ({len(text)} characters, 64 expected): delete it "
-            "and start again (every token signed with it becomes invalid)"
-        )
-    return text.encode()
-
-
-def issue_token(
-    secret: bytes, *, tenant: str, user: str, admin: bool = False, ttl_s: float = 3600
-) -> str:
-    """A gateway-signed token for `tenant` / `user`: what API tokens and the dev token are."""
-    check_id("tenant", tenant)
-    now = int(time.time())
-    claims = {
-        "iss": GATEWAY_ISSUER,
-        "aud": GATEWAY_AUDIENCE,
-        "sub": user,
-        "tid": tenant,
-        "fleet_admin": admin,
-        "iat": now,
-        "exp": now + int(ttl_s),
-        "jti": secrets.token_hex(8),
-    }
-    return jwt.encode(claims, secret, algorithm="HS256")
-
-
-def dev_token(
-    data_dir: Path, *, tenant: str = "dev", user: str = "dev", ttl_s: float = DEV_TOKEN_TTL_S
-) -> str:
-    """The development token `fleet up` prints: an admin of tenant `dev`, valid 30 days."""
-    return issue_token(signing_secret(data_dir), tenant=tenant, user=user, admin=True, ttl_s=ttl_s)
 
 
 def _unauthorized(code: str, message: str) -> ApiError:

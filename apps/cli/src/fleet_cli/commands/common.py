@@ -15,9 +15,15 @@ T = TypeVar("T")
 err = Console(stderr=True, highlight=False)
 
 DataDir = Annotated[
-    Path, typer.Option("--data-dir", help="the local mesh's data dir (FLEET_URL/FLEET_TOKEN win)")
+    Path,
+    typer.Option(
+        "--data-dir",
+        envvar="FLEET_DATA_DIR",
+        help="the local mesh's data dir (default: ./.fleet, else the last mesh fleet up started "
+        "while it runs; FLEET_URL/FLEET_TOKEN win)",
+    ),
 ]
-DEFAULT_DATA_DIR = Path(".fleet")
+DEFAULT_DATA_DIR = Path(".fleet")  # fleet_cli.localmesh.DEFAULT_DATA_DIR
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad input, or no mesh to talk to
@@ -30,10 +36,12 @@ def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 
 
 def gateway(data_dir: Path) -> "Gateway":
-    from fleet_cli.client import ClientError, Gateway, find_target
+    from fleet_cli.client import Gateway, find_target
+    from fleet_cli.errors import ClientError
+    from fleet_cli.localmesh import mesh_dir
 
     try:
-        return Gateway(find_target(data_dir.resolve()))
+        return Gateway(find_target(mesh_dir(data_dir)))
     except ClientError as exc:
         raise fail(str(exc)) from None
 
@@ -42,7 +50,7 @@ def call(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run one client coroutine; a `ClientError` becomes its message and exit status 2."""
     import asyncio
 
-    from fleet_cli.client import ClientError
+    from fleet_cli.errors import ClientError
 
     try:
         return asyncio.run(coroutine)

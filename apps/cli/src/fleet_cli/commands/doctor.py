@@ -15,9 +15,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleet_cli.client import ClientError, Gateway, Target, find_target
+from fleet_cli.client import Gateway, Target, find_target
 from fleet_cli.commands.common import DEFAULT_DATA_DIR, DataDir, call
+from fleet_cli.errors import ClientError
 from fleet_cli.localllm.state import read_file
+from fleet_cli.localmesh import NoMesh, mesh_dir, recorded_gateway
 from fleet_events.llm import local_state_line
 
 out = Console(highlight=False)
@@ -64,12 +66,17 @@ def component_rows(components: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
-def last_local_state(directory: Path) -> list[Row]:
-    """The embedded model as `fleet up` last wrote it, when the gateway cannot be asked."""
+def last_local_state(directory: Path, *, mesh_runs: bool) -> list[Row]:
+    """The embedded model as `fleet up` last wrote it, when the gateway cannot be asked. Its
+    "up" holds only while that `fleet up` runs: a stopped mesh's model is stopped with it, so a
+    state file it left is never reported as up."""
     found = read_file(directory)
     if found is None:
         return []
     line = f"last written by fleet up: {local_state_line(found)}"
+    if found.state == "up" and not mesh_runs:
+        line = f"stopped with its mesh (was up: {local_state_line(found)})"
+        return [("llm", False, line, "start the mesh again: ./scripts/run or `fleet up`")]
     advice = (found.advice or ADVICE["llm"]) if found.state != "up" else ""
     return [("llm", found.state == "up", line, advice)]
 
@@ -81,7 +88,8 @@ async def _checks(target: Target, env: dict[str, str], data_dir: Path) -> list[R
             await gw.request("GET", "/health")
         except ClientError as exc:
             down = ("gateway", False, str(exc), "start the mesh: `fleet up` (or set FLEET_URL)")
-            return [down, *last_local_state(data_dir / "llm")]
+            runs = recorded_gateway(data_dir) is not None
+            return [down, *last_local_state(data_dir / "llm", mesh_runs=runs)]
         rows.append(("gateway", True, f"{target.url} answers /health", ""))
         try:
             me = await gw.json("GET", "/api/v1/auth/me")
@@ -122,15 +130,27 @@ async def _llm(env: dict[str, str]) -> tuple[str, bool, str, str]:
 def doctor_command(data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
     """Check the gateway, the token, NATS, every stream and service (/ready), and the LLM;
     exit 0 only when all are up."""
+    data_dir = mesh_dir(data_dir)
     try:
-        target = find_target(data_dir.resolve())
+        target = find_target(data_dir)
+    except NoMesh as exc:  # nothing to ask: say so, with what the mesh left behind
+        rows = [("gateway", False, str(exc), "start the mesh: ./scripts/run or `fleet up`")]
+        rows += last_local_state(data_dir / "llm", mesh_runs=False)
+        _table("fleet doctor: no mesh running", rows)
+        raise typer.Exit(1) from None
     except ClientError as exc:
-        target = Target(os.environ.get("FLEET_URL", "http://127.0.0.1:8080"), "", str(exc))
-    rows = call(_checks(target, dict(os.environ), data_dir.resolve()))
-    table = Table(title=f"fleet doctor: {target.url}", title_justify="left")
+        # FLEET_URL without a token, or a running mesh whose gateway made no secret yet
+        url = os.environ.get("FLEET_URL") or recorded_gateway(data_dir) or ""
+        target = Target(url, "", str(exc))
+    rows = call(_checks(target, dict(os.environ), data_dir))
+    _table(f"fleet doctor: {target.url}", rows)
+    raise typer.Exit(0 if all(up for _, up, _, _ in rows) else 1)
+
+
+def _table(title: str, rows: list[Row]) -> None:
+    table = Table(title=title, title_justify="left")
     for column in ("check", "state", "detail", "what to do"):
         table.add_column(column)
     for name, up, detail, advice in rows:
         table.add_row(name, "[green]up[/]" if up else "[red]down[/]", detail, advice)
     out.print(table)
-    raise typer.Exit(0 if all(up for _, up, _, _ in rows) else 1)

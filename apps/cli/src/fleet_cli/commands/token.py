@@ -5,8 +5,9 @@ from typing import Annotated
 
 import typer
 
-from fleet_cli.client import ClientError, mint_token
 from fleet_cli.commands.common import DEFAULT_DATA_DIR, DataDir, fail
+from fleet_cli.errors import ClientError
+from fleet_cli.localmesh import mesh_dir, mint_token
 from fleet_events.ids import InvalidId, check_id
 
 
@@ -22,6 +23,6 @@ def token_command(
     except InvalidId as exc:
         raise fail(str(exc)) from None
     try:
-        sys.stdout.write(mint_token(data_dir.resolve(), tenant=tenant, user=user) + "\n")
+        sys.stdout.write(mint_token(mesh_dir(data_dir), tenant=tenant, user=user) + "\n")
     except ClientError as exc:
         raise fail(str(exc)) from None

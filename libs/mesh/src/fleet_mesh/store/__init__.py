@@ -17,9 +17,10 @@ from nats.js import JetStreamContext
 
 from fleet_events import streams
 from fleet_events.codec import Codec
-from fleet_events.signing import Signer, signer_from_env
+from fleet_events.signing import Signer
 from fleet_events.streams import StreamSpec
 from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.keyfiles import signer_from_env
 from fleet_mesh.store.append import MAX_BATCH, Appender
 from fleet_mesh.store.audit import Auditor
 from fleet_mesh.store.errors import (

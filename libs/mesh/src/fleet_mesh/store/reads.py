@@ -86,6 +86,10 @@ class Reader:
             prev_hash=headers.get(PREV_HEADER, ""),
         )
 
+    async def decoded(self, raw: RawEvent) -> StoredEvent:
+        """A raw stored message decoded (for readers that pick what to decode by its type)."""
+        return await self._stored(raw.subject, raw.seq, raw.headers, raw.data)
+
     async def tail(self, subject: str, *, after_seq: int) -> AsyncIterator[StoredEvent]:
         """Everything after `after_seq`, with no head lookup first: a short tail (a writer
         catching up after a lost race) costs exactly one round trip."""

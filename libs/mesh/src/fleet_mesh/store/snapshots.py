@@ -36,7 +36,7 @@ class Snapshots(Reader):
         """
         loaded: Loaded[S] = Loaded(fold.initial())
         if use_snapshot and self._snapshots is not None:
-            loaded = await self._read_snapshot(filter_subject, fold) or Loaded(fold.initial())
+            loaded = await self.read_snapshot(filter_subject, fold) or Loaded(fold.initial())
         state = loaded.state
         async for event in self.replay(filter_subject, from_seq=loaded.seq + 1):
             state = fold.evolve(state, event)
@@ -51,7 +51,8 @@ class Snapshots(Reader):
                 log.warning("snapshot not saved", exc_info=True, extra={"filter": filter_subject})
         return loaded
 
-    async def _read_snapshot(self, filter_subject: str, fold: Fold[S]) -> Loaded[S] | None:
+    async def read_snapshot(self, filter_subject: str, fold: Fold[S]) -> Loaded[S] | None:
+        """The subject's snapshot for this fold version, if one can be trusted; else None."""
         assert self._snapshots is not None
         try:
             entry = await self._snapshots.get(records.snapshot_key(fold.name, filter_subject))

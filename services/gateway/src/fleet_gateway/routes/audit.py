@@ -21,6 +21,7 @@ from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody, not_found
 from fleet_gateway.sessionlog import checked_session, session_log
 from fleet_mesh.checkpoints import KEYSET_ENV
+from fleet_mesh.keyfiles import read_keyset
 
 router = APIRouter(prefix="/api/v1/sessions", tags=["sessions"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -49,7 +50,7 @@ class Audit(BaseModel):
 
 @functools.cache
 def _keys(path: str) -> KeySet:
-    return KeySet.read(Path(path))
+    return read_keyset(Path(path))
 
 
 def pinned_keys() -> KeySet | None:

@@ -148,6 +148,8 @@ def test_a_stated_failure_anywhere_in_the_chain_is_the_outcome() -> None:
         error="the repository is unreachable", reason="repo_unavailable",
         code="repo_unavailable", retryable=False, stated=True,
     )  # fmt: skip
+    slow = lc.failure(RunFailure("the model did not answer in 20 s", code="llm_timeout"))
+    assert (slow.code, slow.retryable, slow.stated) == ("llm_timeout", True, True)
 
 
 def test_a_broken_run_is_named_by_its_type_and_its_text_only_when_detailed() -> None:

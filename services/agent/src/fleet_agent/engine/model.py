@@ -22,11 +22,19 @@ from fleet_agent.run.seams import in_own_thread
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import Actor
 from fleet_events.codec import Codec
+from fleet_mesh.decider import Decider, Ledger
 from fleet_mesh.store import EventStore
 
 T = TypeVar("T")
 
 DEFAULT_SIGNATURE = "task -> answer"
+
+SESSION_FACTS: Ledger[None] = Ledger(
+    name="session-facts", initial=lambda: None, evolve=lambda state, _: state,
+    clone=lambda state: state, types=frozenset(),
+)  # fmt: skip
+"""A session's log as a writer of facts that commute with everyone else's sees it: no state
+(no event is decoded), only the head the next append is made against."""
 
 
 def derived_id(*parts: str) -> str:
@@ -78,6 +86,13 @@ class EngineMesh:
     store: EventStore
     codec: Codec
     actor: Actor
+    facts: "Decider[None]" = field(init=False, repr=False, compare=False)
+    """Appends the session facts a run states without deciding on the log's state (the
+    session's sandbox): the decider kernel's append with `expect`, folded again on a lost race.
+    On the bus's loop, as the store."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", Decider(self.store, SESSION_FACTS))
 
     async def on_bus(self, work: Coroutine[Any, Any, T]) -> T:
         """Await `work` run on the bus's loop (where these handles live) from another loop."""

@@ -11,12 +11,13 @@ from fleet_agent.engine.model import EngineMesh
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.run.failures import REPO_UNAVAILABLE, RunFailure
 from fleet_agent.session_state import FOLD, SessionState
-from fleet_events import Envelope, bus, new_id, streams, utc_now
+from fleet_events import Envelope, Event, bus, new_id, streams, utc_now
 from fleet_events import sandbox as sb
 from fleet_events.session import InterpreterState, SandboxAttached, TurnRequested, log_subject
 from fleet_mesh import rpc
 from fleet_mesh.blobs import JetStreamBlobs
-from fleet_mesh.store import AppendConflict, EventStore
+from fleet_mesh.decider import Decision
+from fleet_mesh.store import EventStore
 
 log = logging.getLogger("fleet.agent.engine")
 
@@ -121,7 +122,9 @@ async def attach(
     replaces: str,
     reason: str = "resumed",
 ) -> None:
-    """Record `info` as the session's sandbox (`SandboxAttached`) on the session's log."""
+    """Record `info` as the session's sandbox (`SandboxAttached`) on the session's log, through
+    the decider kernel (`EngineMesh.facts`): appended against the head it folded, folded again
+    and appended again when another writer got there first."""
     attached = SandboxAttached(
         interpreter=InterpreterState(
             sandbox=info.sandbox, workspace=info.workspace, repo_url=info.repo_url, ref=info.ref,
@@ -131,17 +134,18 @@ async def attach(
         replaces=replaces,
         reason=reason,
     )  # fmt: skip
-    subject = log_subject(tenant, session)
-    for _ in range(16):
-        envelope = Envelope(
-            id=new_id(), tenant=tenant, session=session, turn=turn, actor=mesh.actor,
-            ts=utc_now(), data=attached, correlation=turn,
+    event_id = new_id()  # one id for every try: a lost ack is read back, never stored twice
+
+    def wrap(_: None, event: Event) -> Envelope[Event]:
+        return Envelope(
+            id=event_id, tenant=tenant, session=session, turn=turn, actor=mesh.actor,
+            ts=utc_now(), data=event, correlation=turn,
         )  # fmt: skip
-        try:
-            await mesh.store.append(subject, envelope, expect=await mesh.store.head(subject))
-            break
-        except AppendConflict:
-            continue
+
+    await mesh.facts.submit(
+        log_subject(tenant, session), decide=lambda _: Decision(events=(attached,)), wrap=wrap,
+        request_id=event_id,
+    )  # fmt: skip
 
 
 __all__ = ["RepoUnavailable", "attach", "session_sandbox"]

@@ -16,12 +16,13 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from fleet_agent import turns
-from fleet_agent.runners import CancelToken, EchoRunner, ScriptedRunner
+from fleet_agent.runners import CancelToken, EchoRunner
 from fleet_agent.turn_log import TurnLog
 from fleet_agent.turns import SessionTurns
 from fleet_agent.worker import TurnWorker
 from fleet_events import Actor, Envelope, Event, new_id
 from fleet_events.session import TurnCancelled, TurnRequested, TurnStarted, TurnWork
+from fleet_harness.agent_fakes import ScriptedRunner
 from fleet_mesh.decider import Decided
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import AppendConflict, Appended, EventStore, Head

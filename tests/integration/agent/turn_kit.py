@@ -19,7 +19,6 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerInfo
 
-from fleet_agent import app
 from fleet_agent.config import AgentSettings
 from fleet_events import Actor, Envelope, Event, bus, new_id, streams, utc_now
 from fleet_events.bus import Ping
@@ -32,6 +31,7 @@ from fleet_events.session import (
     TurnRequested,
     log_subject,
 )
+from fleet_harness import agent_fakes
 from fleet_harness.procs import Launcher, Replica
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
@@ -170,7 +170,7 @@ async def agent(
         log=logging.getLogger(f"fleet.agent.{replica}"),
     )  # fmt: skip
     try:
-        await app.setup(ctx, agent_settings)
+        await agent_fakes.setup(ctx, agent_settings)
         yield ctx
     finally:
         for hook in reversed(ctx.on_stop):

@@ -6,7 +6,7 @@ import socket
 import pytest
 from dspy import lm15
 
-from fleet_agent.chat.runner import RlmRouteFailed, _falls_back, llm_failed
+from fleet_agent.chat.react import RlmRouteFailed
 from fleet_agent.llm_failures import (
     LLM_FAILURES,
     RATE_LIMIT_RETRIES,
@@ -17,7 +17,10 @@ from fleet_agent.llm_failures import (
     classify,
     retry_wait,
 )
-from fleet_agent.lm import LmCallFailed, _retry_hook, failure_of
+from fleet_agent.lm import LmCallFailed
+from fleet_agent.lm_errors import retry_hook
+from fleet_agent.run.failures import falls_back, stated
+from fleet_agent.runners import Failed
 
 SITE = CallSite(
     profile="main", model="openai/gpt-x", role="planner", secret="llm-main",
@@ -156,36 +159,36 @@ def test_the_failure_is_found_behind_dspys_own_error() -> None:
     failure = LlmFailure(code="llm_timeout", site=SITE)
     inner = LmCallFailed("Timeout", failure)
     outer = chained(RuntimeError("dspy wrapped it"), inner)
-    assert failure_of(outer) is failure
-    assert failure_of(RuntimeError("no model call")) is None
-    assert failure_of(LmCallFailed("recorded before kinds existed")) is None
+    assert stated(outer) == Failed(failure.message, code="llm_timeout", retryable=True)
+    assert stated(RuntimeError("no model call")) is None
+    assert stated(LmCallFailed("recorded before kinds existed")) is None
 
 
 def test_stamina_is_told_to_wait_only_for_what_the_call_chose() -> None:
     failure = LlmFailure(code="llm_rate_limited", site=SITE, retry_after_s=1.0)
-    assert _retry_hook(LmCallFailed("429", failure, retry_in_s=1.0)) == 1.0
-    assert _retry_hook(LmCallFailed("429", failure)) is False
-    assert _retry_hook(RuntimeError("x")) is False
+    assert retry_hook(LmCallFailed("429", failure, retry_in_s=1.0)) == 1.0
+    assert retry_hook(LmCallFailed("429", failure)) is False
+    assert retry_hook(RuntimeError("x")) is False
 
 
 def test_the_chat_turn_ends_with_the_kind_and_falls_back_only_where_that_may_help() -> None:
     def failed(code: str) -> LmCallFailed:
         return LmCallFailed("provider text", LlmFailure(code=code, site=SITE))
 
-    ended = llm_failed(failed("llm_rate_limited"))
+    ended = stated(failed("llm_rate_limited"))
     assert ended is not None
     assert (ended.code, ended.retryable) == ("llm_rate_limited", True)
     assert "provider text" not in ended.error
     for code in ("llm_auth_failed", "llm_rate_limited", "llm_unreachable", "llm_quota_exceeded"):
-        assert not _falls_back(failed(code)), code
+        assert not falls_back(failed(code)), code
     for code in ("llm_timeout", "llm_unavailable", "llm_context_exceeded", "llm_bad_request"):
-        assert _falls_back(failed(code)), code
-    assert _falls_back(RuntimeError("not a model call"))
+        assert falls_back(failed(code)), code
+    assert falls_back(RuntimeError("not a model call"))
     route = RlmRouteFailed("the route's message", "llm_auth_failed", False)
-    ended = llm_failed(route)
+    ended = stated(route)
     assert ended is not None
     assert (ended.error, ended.code, ended.retryable) == (
         "the route's message", "llm_auth_failed", False,
     )  # fmt: skip
-    assert not _falls_back(route)
-    assert llm_failed(RlmRouteFailed("no answer")) is None
+    assert not falls_back(route)
+    assert stated(RlmRouteFailed("no answer")) is None

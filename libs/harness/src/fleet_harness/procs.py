@@ -99,7 +99,7 @@ class Launcher:
     def start(
         self, service: str, count: int = 1, env: dict[str, str] | None = None
     ) -> list[Replica]:
-        package = "fleet_" + service.replace("-", "_")
+        package = package_of(service, env or {})
         started = []
         for _ in range(count):
             index = sum(1 for r in self.replicas if r.service == service)
@@ -123,6 +123,21 @@ class Launcher:
             replica.stop()
 
 
+AGENT_WITH_FAKES = "fleet_harness.agent_fakes"
+"""The agent composed with the test fakes its environment asks for (the agent has none)."""
+
+
+def package_of(service: str, env: dict[str, str]) -> str:
+    """The package a replica of `service` runs as: `fleet_<service>`, or the agent composed
+    with the test fakes its environment asks for (a scripted runner, an ack barrier)."""
+    fakes = env.get("FLEET_AGENT_RUNNER") == "scripted" or env.get(
+        "FLEET_AGENT_HOLD_BEFORE_ACK", ""
+    ).lower() in ("1", "true", "yes", "on")
+    return (
+        AGENT_WITH_FAKES if service == "agent" and fakes else "fleet_" + service.replace("-", "_")
+    )
+
+
 def base_env(nats_url: str, replica: str) -> dict[str, str]:
     """What a service process gets from the harness: nothing of the test's own environment
     beyond PATH."""
@@ -143,7 +158,7 @@ def start_answering(
     replica = Replica(
         service=service,
         index=0,
-        argv=[sys.executable, "-m", "fleet_" + service.replace("-", "_")],
+        argv=[sys.executable, "-m", package_of(service, env)],
         env={
             **base_env(nats_url, f"{service}-{uuid.uuid4().hex[:8]}"),
             **env,

@@ -1,18 +1,22 @@
 """Composition root of the agent service, built the same way by `main()` and by tests.
 
+Tests plug their fakes in here (`runner`, `before_ack`: `fleet_harness.agent_fakes`, which also
+runs the agent composed with them as a process); the agent holds no test code.
+
 Every replica runs both halves: the dispatcher (session logs → turn work items) and the turn
 worker (work items → turns run), each a shared durable consumer, so replicas are
 interchangeable and any one of them may die.
 """
 
 import sys
+from collections.abc import Awaitable, Callable
 
 from fleet_agent.chat.runner import chat_runner
 from fleet_agent.config import AgentSettings, BadAgentSetting, load_settings
 from fleet_agent.dispatcher import Dispatcher
 from fleet_agent.engine.runner import engine_runner
 from fleet_agent.profiles import open_stores, register_agent_verbs
-from fleet_agent.runners import EchoRunner, ScriptedRunner, TurnRunner
+from fleet_agent.runners import EchoRunner, TurnRunner
 from fleet_agent.turn_log import TurnLog
 from fleet_agent.worker import TurnWorker
 from fleet_events import streams
@@ -23,31 +27,46 @@ from fleet_mesh.secrets import private_key_from_env
 from fleet_mesh.store import open_store
 from fleet_mesh.work import WorkConsumer
 
+BeforeAck = Callable[[str, int], Awaitable[None]]
+"""The worker's hook between a turn's stored end and its ack: (turn, attempt); tests only."""
 
-def make_runner(settings: AgentSettings) -> TurnRunner:
-    if settings.runner == "scripted":
-        assert settings.barrier_dir is not None  # the settings refuse it otherwise
-        return ScriptedRunner(settings.barrier_dir)
-    return EchoRunner()
+FAKES_ONLY = (
+    "FLEET_AGENT_RUNNER=scripted and FLEET_AGENT_HOLD_BEFORE_ACK are test fakes: start the agent "
+    "with them as python -m fleet_harness.agent_fakes"
+)
 
 
-async def setup(ctx: service.ServiceContext, settings: AgentSettings | None = None) -> None:
+async def setup(
+    ctx: service.ServiceContext,
+    settings: AgentSettings | None = None,
+    *,
+    runner: TurnRunner | None = None,
+    before_ack: BeforeAck | None = None,
+) -> None:
+    """`runner`: the turn runner, when a test brings its own (else the one `settings` names);
+    `before_ack`: the worker's hook before each ack (a test's barrier)."""
     settings = settings or AgentSettings()
+    if (settings.runner == "scripted" and runner is None) or (
+        settings.hold_before_ack and before_ack is None
+    ):
+        raise BadAgentSetting(FAKES_ONLY)
     store = await open_store(ctx.js, streams.SESSIONS)
     codec = Codec(await JetStreamBlobs.open(ctx.js))
     turn_log = TurnLog(store, codec, ctx.actor)
     dispatcher = Dispatcher(ctx.js, turn_log, ctx.log)
-    if settings.runner == "chat":
-        runner: TurnRunner = await chat_runner(ctx)
+    if runner is not None:
+        pass
+    elif settings.runner == "chat":
+        runner = await chat_runner(ctx)
     elif settings.runner == "rlm":
         runner = await engine_runner(ctx)
     else:
-        runner = make_runner(settings)
+        runner = EchoRunner()
     worker = TurnWorker(
         ctx.nc, turn_log, codec, runner,
         replica=ctx.replica, max_attempts=settings.max_attempts, logger=ctx.log,
         cancel_poll_s=settings.ack_wait_s / 3,
-        hold_before_ack=settings.barrier_dir if settings.hold_before_ack else None,
+        before_ack=before_ack,
     )  # fmt: skip
     turns = WorkConsumer(
         ctx.js, settings.turn_consumer(), worker.handle, slots=settings.turn_slots, log=ctx.log
@@ -87,6 +106,8 @@ def main() -> None:
         settings = load_settings()
     except BadAgentSetting as exc:
         sys.exit(f"agent: {exc}")
+    if settings.runner == "scripted" or settings.hold_before_ack:
+        sys.exit(f"agent: {FAKES_ONLY}")
 
     async def configured(ctx: service.ServiceContext) -> None:
         await setup(ctx, settings)

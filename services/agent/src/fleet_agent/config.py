@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fleet_agent.run.failures import InputError
 from fleet_events import streams
 
 
@@ -57,7 +58,7 @@ class AgentSettings(BaseSettings):
         return replace(streams.TURN_DISPATCH, ack_wait_s=self.ack_wait_s)
 
 
-class BadAgentSetting(ValueError):
+class BadAgentSetting(InputError):
     """A `FLEET_AGENT_*` variable that cannot be used; the message names it and what it may be."""
 
 

@@ -21,7 +21,9 @@ guess how long to wait).
 
 Each kind says whether asking again later may help (`retryable`, the turn's flag) and whether
 the chat agent's fallback to a cheaper module may (`falls_back`): a smaller prompt helps a
-timeout or a context that did not fit, not a refused key or an unreachable server.
+timeout or a context that did not fit, not a refused key or an unreachable server. Both are
+read from the failure family's one table (`run.failures.CODES`); this module only tells which
+kind a provider's exception is, and words its message.
 """
 
 import builtins
@@ -30,14 +32,8 @@ from dataclasses import dataclass
 
 from dspy import lm15
 
+from fleet_agent.run.failures import code_of
 from fleet_events.llm import LLM_FAILURES
-
-RETRYABLE = frozenset({"llm_timeout", "llm_rate_limited", "llm_unreachable", "llm_unavailable"})
-NO_FALLBACK = frozenset(
-    {"llm_rate_limited", "llm_quota_exceeded", "llm_auth_failed", "llm_unreachable",
-     "llm_model_not_found"}
-)  # fmt: skip
-"""Kinds another module cannot get past: it would ask the same server with the same key."""
 
 RATE_LIMIT_RETRIES = 2
 RETRY_AFTER_MAX_S = 10.0
@@ -66,11 +62,11 @@ class LlmFailure:
 
     @property
     def retryable(self) -> bool:
-        return self.code in RETRYABLE
+        return code_of(self.code).retryable
 
     @property
     def falls_back(self) -> bool:
-        return self.code not in NO_FALLBACK
+        return code_of(self.code).falls_back
 
     @property
     def message(self) -> str:

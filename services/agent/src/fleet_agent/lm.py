@@ -29,16 +29,12 @@ then send to whatever `api_base` a profile names). Error text is scrubbed of the
 goes anywhere.
 """
 
-import asyncio
-import concurrent.futures
 import dataclasses
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: never fetch the map
 
@@ -47,12 +43,13 @@ import stamina
 from dspy.clients.engines.litellm_engine import LiteLLMEngine
 from dspy.clients.lm15_boundary import request_kwargs
 from dspy.lm15 import Request, Response, materialize_response
-from dspy.utils.exceptions import LMConfigurationError, LMError
-from nats.aio.client import Client
 
 from fleet_agent.answer_stream import FieldStream
-from fleet_agent.llm_failures import RATE_LIMIT_RETRIES, CallSite, LlmFailure, classify, retry_wait
+from fleet_agent.llm_failures import RATE_LIMIT_RETRIES, LlmFailure, classify, retry_wait
 from fleet_agent.llm_wire import for_server, output_fields
+from fleet_agent.lm_errors import BudgetSpent, LmCallFailed, LmNotConfigured, call_site, retry_hook
+from fleet_agent.lm_usage import CallScope, LmServices, PendingUsage, RequestKind, Runner, Submit
+from fleet_agent.run.seams import in_own_thread
 from fleet_events import bus
 from fleet_events.budget import (
     ATTEMPT_TIMEOUT_S,
@@ -66,11 +63,9 @@ from fleet_events.envelope import new_id
 from fleet_events.llm import InvalidProfile, LlmProfile, cost
 from fleet_events.run import ChatMessage, LlmCalled, request_digest
 from fleet_mesh import rpc
-from fleet_mesh.runtime_config import LlmConfig, ProfileNotFound, StoredProfile
-from fleet_mesh.secrets import SecretError, SecretsReader
+from fleet_mesh.runtime_config import ProfileNotFound, StoredProfile
+from fleet_mesh.secrets import SecretError
 
-T = TypeVar("T")
-RequestKind = Literal["step", "sub"]
 OnDelta = Callable[[str, str], object]
 """`(kind, text)`: an unpersisted delta for the session's watchers (e.g. `RunRecorder.live`)."""
 
@@ -82,137 +77,6 @@ log = logging.getLogger("fleet.agent.lm")
 
 NO_KEY = "unused"
 """Sent as the key when a profile names no secret (a local server that checks none)."""
-
-
-# dspy passes its own LMError family through by identity and wraps anything else as an
-# "unexpected" engine bug; these are expected outcomes with messages meant for the model or the
-# operator, so they join that family (dspy is untyped, hence the ignores).
-
-
-class BudgetSpent(LMError):  # type: ignore[misc]
-    """The budget service refused the call; the message starts with "budget spent: "."""
-
-    default_code = "budget_spent"
-
-
-class LmCallFailed(LMError):  # type: ignore[misc]
-    """The model call failed. With `failure` (a provider's answer, or none), the message starts
-    with its code and says what to do, then what the provider said with any key scrubbed out:
-    code reading it in a cell (`llm_query`) or ReAct's observation can tell a refused key
-    from a rate limit. `retry_in_s`: the LM asks again after this wait (0: it does not)."""
-
-    default_code = "provider"
-
-    def __init__(
-        self, message: str, failure: LlmFailure | None = None, retry_in_s: float = 0.0
-    ) -> None:
-        shown = message
-        if failure is not None:
-            shown = f"{failure.code}: {failure.message}"
-            shown += f" (the provider said: {message})" if message else ""
-        super().__init__(shown, code=failure.code if failure else None)
-        self.failure = failure
-        self.retry_in_s = retry_in_s
-
-
-def failure_of(exc: BaseException) -> LlmFailure | None:
-    """The model call's failure that ended this, if one did (dspy may raise it as is, or as
-    the cause of its own error)."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return None
-        if isinstance(seen, LmCallFailed) and seen.failure is not None:
-            return seen.failure
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def call_site(profile: LlmProfile, role: str) -> CallSite:
-    """What a failure's message may name of the call: the profile, never its key."""
-    return CallSite(
-        profile=profile.name, model=profile.model, role=role, secret=profile.secret,
-        api_base=profile.api_base, timeout_s=profile.timeout_s,
-    )  # fmt: skip
-
-
-def _retry_hook(exc: Exception) -> bool | float:
-    """stamina's hook: only what `_attempt` decided to ask again, after the wait it chose."""
-    if isinstance(exc, LmCallFailed) and exc.retry_in_s > 0:
-        return exc.retry_in_s
-    return False
-
-
-class LmNotConfigured(LMConfigurationError):  # type: ignore[misc]
-    """The role has no usable profile or key; the message says what to set."""
-
-
-class Runner(Protocol):
-    """Runs a coroutine on the loop that owns the NATS connection (e.g. `SandboxBus`)."""
-
-    def run(self, work: Coroutine[Any, Any, T], *, timeout: float) -> T: ...
-
-
-Submit = Callable[[Coroutine[Any, Any, Any]], "concurrent.futures.Future[Any]"]
-"""Starts a coroutine on the runner's loop without waiting for it (`SandboxBus.submit`)."""
-
-
-class PendingUsage:
-    """The usage reports of one run that are sent and not yet answered, shared by its LMs.
-
-    A report is the ledger's durable append, one round trip the call's answer does not need:
-    the answer goes back to dspy at once and the report overlaps what follows (the record,
-    the relay into the sandbox, dspy's parsing). What the report guaranteed still holds because
-    the run waits for every report in flight (`settle`) before its next grant and before its
-    end: the ledger holds a call's usage before the run's next call is granted (the overshoot
-    bound of docs/budget.md), a report that fails fails the next call or the run's end instead
-    of vanishing, and a retry of a report is the same request (its id is the grant's), which
-    the budget answers once. A report lost with its replica is sent again by the resumed run
-    (`JournalEngine`)."""
-
-    def __init__(self, submit: Submit, timeout_s: float) -> None:
-        self._submit = submit
-        self._timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._in_flight: list[concurrent.futures.Future[Any]] = []
-
-    def send(self, report: Coroutine[Any, Any, Any]) -> None:
-        future = self._submit(report)
-        with self._lock:
-            self._in_flight.append(future)
-
-    def settle(self) -> None:
-        """Wait for every report in flight; the first that failed raises here."""
-        with self._lock:
-            waiting, self._in_flight = self._in_flight, []
-        failed: BaseException | None = None
-        for future in waiting:
-            try:
-                future.result(self._timeout_s)
-            except BaseException as exc:  # every report is waited for before one raises
-                failed = failed or exc
-        if failed is not None:
-            raise failed
-
-
-@dataclass(frozen=True)
-class LmServices:
-    """What an LM needs from the mesh, all bound to the runner's loop."""
-
-    nc: Client
-    llm: LlmConfig
-    secrets: SecretsReader
-
-
-@dataclass(frozen=True)
-class CallScope:
-    """Whose call this is: it is charged to `tree` on behalf of `run`."""
-
-    tenant: str
-    tree: str
-    run: str
-    role: str
-    kind: RequestKind
 
 
 def scrub(text: str, secret: str | None) -> str:
@@ -356,7 +220,7 @@ class BudgetedEngine:
         )
         request = _with_profile_limits(request, stored.profile)
         attempts = max(1, RATE_LIMIT_RETRIES + 1 - retries_made)
-        for attempt in stamina.retry_context(on=_retry_hook, attempts=attempts, timeout=None):
+        for attempt in stamina.retry_context(on=retry_hook, attempts=attempts, timeout=None):
             with attempt:  # attempt.num counts from 1: the retries made before this one
                 granted = first if attempt.num == 1 else self._granted()
                 retries = retries_made + attempt.num - 1
@@ -511,14 +375,14 @@ class _Answered:
 
 
 class AsyncBudgetedEngine:
-    """dspy's async engine protocol over the sync one, in a worker thread (the sync engine
-    waits on the runner's loop, which may be the caller's)."""
+    """dspy's async engine protocol over the sync one, in a thread of its own (the sync
+    engine waits on the runner's loop, which may be the caller's: `run.seams`)."""
 
     def __init__(self, sync: BudgetedEngine) -> None:
         self.sync = sync
 
     async def complete(self, request: Request) -> Response:
-        return await asyncio.to_thread(self.sync.complete, request)
+        return await in_own_thread(self.sync.complete, request)
 
     def stream(self, request: Request) -> Any:
         return self.sync.stream(request)
@@ -570,9 +434,11 @@ __all__ = [
     "LmServices",
     "OnDelta",
     "PendingUsage",
+    "RequestKind",
     "Runner",
+    "Submit",
     "budgeted_lm",
     "call_site",
-    "failure_of",
+    "retry_hook",
     "scrub",
 ]

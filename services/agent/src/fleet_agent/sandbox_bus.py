@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from fleet_agent.run.failures import RunBroke
 from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
 from fleet_events.bus import Verb
@@ -37,8 +38,8 @@ _tool_calls = msgspec.json.Decoder(verbs.TOOL_CALL.request)
 _cell_output = msgspec.json.Decoder(sb.CellOutput)
 
 
-class BusClosed(RuntimeError):
-    pass
+class BusClosed(RunBroke, RuntimeError):
+    """The bus a run talks to the mesh on is closed (its replica is stopping)."""
 
 
 class SandboxBus:

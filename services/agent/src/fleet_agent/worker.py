@@ -15,10 +15,8 @@ boundary.
 """
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import msgspec
@@ -27,15 +25,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from fleet_agent import turns
-from fleet_agent.runners import (
-    Answered,
-    CancelToken,
-    Failed,
-    Parked,
-    TurnInput,
-    TurnRunner,
-    stated_failure,
-)
+from fleet_agent.run.failures import turn_failure
+from fleet_agent.runners import Answered, CancelToken, Failed, Parked, TurnInput, TurnRunner
 from fleet_agent.turn_log import TurnLog
 from fleet_events import Event, InvalidId, check_id
 from fleet_events.catalog import type_of_class
@@ -69,7 +60,7 @@ class TurnWorker:
         max_attempts: int,
         logger: logging.Logger,
         cancel_poll_s: float = 10.0,
-        hold_before_ack: Path | None = None,
+        before_ack: Callable[[str, int], Awaitable[None]] | None = None,
     ) -> None:
         self._nc = nc
         self._log = log
@@ -79,7 +70,8 @@ class TurnWorker:
         self._max_attempts = max_attempts
         self._logger = logger
         self._cancel_poll_s = cancel_poll_s
-        self._hold_dir = hold_before_ack
+        self._before_ack = before_ack
+        """A test's barrier between a turn's stored end and its ack (`fleet_harness`)."""
         self._decode = msgspec.json.Decoder(TurnWork).decode
 
     async def handle(self, delivery: Delivery) -> Settle:
@@ -186,21 +178,9 @@ class TurnWorker:
                 extra={"turn": work.turn, "attempt": attempt, "why": decision.why},
             )
             return Settle.LEAVE
-        await self._hold_before_ack(work.turn, attempt)
+        if self._before_ack is not None:
+            await self._before_ack(work.turn, attempt)
         return Settle.ACK
-
-    async def _hold_before_ack(self, turn: str, attempt: int) -> None:
-        """A test's barrier (`FLEET_AGENT_HOLD_BEFORE_ACK`, off unless set): the turn's end is
-        stored and its work item not yet acked. Writes `<turn>.ended.<attempt>` and waits for
-        the file `<turn>.ack` (the test SIGKILLs the replica here instead)."""
-        if self._hold_dir is None:
-            return
-        (self._hold_dir / f"{turn}.ended.{attempt}").write_text(self._replica)
-        release = self._hold_dir / f"{turn}.ack"
-        never = asyncio.Event()
-        while not release.exists():  # a test's barrier: a poll of a file the test creates
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(never.wait(), 0.01)
 
     async def _outcome(self, turn: TurnInput, token: CancelToken) -> Event:
         try:
@@ -208,23 +188,13 @@ class TurnWorker:
         except Exception as exc:
             # The traceback stays in this replica's log; the event says what and where to
             # look, never the exception's text (it may hold anything, secrets included),
-            # unless the exception was made to be stated (`StatedFailure`).
+            # unless the exception states a failure (`run.failures`).
             self._logger.exception("turn runner failed", extra={"turn": turn.turn})
-            stated = stated_failure(exc)
-            if stated is not None:
-                return TurnFailed(
-                    error=stated.error, retryable=stated.retryable, code=stated.code,
-                    attempt=turn.attempt,
-                )  # fmt: skip
+            failed = turn_failure(exc, turn.replica)
             return TurnFailed(
-                error=(
-                    f"the agent failed while running this turn ({type(exc).__name__}); "
-                    f"replica {turn.replica}'s log has the details"
-                ),
-                retryable=True,
-                code=str(getattr(exc, "failure_code", "") or "runner_error"),
+                error=failed.error, retryable=failed.retryable, code=failed.code,
                 attempt=turn.attempt,
-            )
+            )  # fmt: skip
         if isinstance(result, Failed):
             return TurnFailed(
                 error=result.error, retryable=result.retryable, code=result.code,

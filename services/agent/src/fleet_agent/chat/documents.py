@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pypdf
 import pypdf.errors
 
+from fleet_agent.run.failures import InputError
 from fleet_events.envelope import BlobRef
 from fleet_events.session import DocumentRef
 
@@ -22,7 +23,7 @@ FIND_HITS = 20
 CHUNK_CHARS = 4_000
 
 
-class DocumentError(ValueError):
+class DocumentError(InputError):
     """A document could not be loaded or read; the message says why and what to do."""
 
 

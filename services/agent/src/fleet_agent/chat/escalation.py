@@ -23,6 +23,7 @@ to ChainOfThought; ChainOfThought failing fails the turn. `tools_only` never rea
 
 import re
 
+from fleet_agent.run.failures import InputError
 from fleet_events.run import Escalated
 from fleet_events.session import EXECUTION_MODES
 
@@ -37,7 +38,7 @@ TOOL_WORDS = re.compile(
 )
 
 
-class UnknownMode(ValueError):
+class UnknownMode(InputError):
     """A turn asked for an execution mode this agent does not have."""
 
 

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
+from fleet_agent.run.failures import InputError
+
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 MAX_BYTES = 10 * 1024 * 1024
@@ -36,7 +38,7 @@ Connect = Callable[[IP, int, float], socket.socket]
 Admit = Callable[[IP], bool]
 
 
-class UrlRefused(ValueError):
+class UrlRefused(InputError):
     """The URL was not fetched; the message says which part was wrong and what to do."""
 
 

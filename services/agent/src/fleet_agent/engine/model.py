@@ -9,7 +9,6 @@ refused by the store's head check instead of writing a second history).
 """
 
 import asyncio
-import contextlib
 import hashlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -17,14 +16,25 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fleet_agent.lm import LmServices
+from fleet_agent.run.failures import CODES, RUNNER_ERROR, RunCancelledError, RunFenced
+from fleet_agent.run.lifecycle import Cancelled, Completed, Failure, Outcome, result_code
+from fleet_agent.run.seams import in_own_thread
 from fleet_agent.sandbox_bus import SandboxBus
 from fleet_events import Actor
 from fleet_events.codec import Codec
+from fleet_mesh.decider import Decider, Ledger
 from fleet_mesh.store import EventStore
 
 T = TypeVar("T")
 
 DEFAULT_SIGNATURE = "task -> answer"
+
+SESSION_FACTS: Ledger[None] = Ledger(
+    name="session-facts", initial=lambda: None, evolve=lambda state, _: state,
+    clone=lambda state: state, types=frozenset(),
+)  # fmt: skip
+"""A session's log as a writer of facts that commute with everyone else's sees it: no state
+(no event is decoded), only the head the next append is made against."""
 
 
 def derived_id(*parts: str) -> str:
@@ -76,6 +86,13 @@ class EngineMesh:
     store: EventStore
     codec: Codec
     actor: Actor
+    facts: "Decider[None]" = field(init=False, repr=False, compare=False)
+    """Appends the session facts a run states without deciding on the log's state (the
+    session's sandbox): the decider kernel's append with `expect`, folded again on a lost race.
+    On the bus's loop, as the store."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", Decider(self.store, SESSION_FACTS))
 
     async def on_bus(self, work: Coroutine[Any, Any, T]) -> T:
         """Await `work` run on the bus's loop (where these handles live) from another loop."""
@@ -159,34 +176,6 @@ class RunContext:
     its sandbox (`engine.resume`): the turn runner records it as the session's sandbox."""
 
 
-async def in_own_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run `fn` in a thread of its own and await it. Not `asyncio.to_thread`: its executor
-    has min(32, cores + 4) threads, and a run holds its thread while it waits on children, so
-    a tree wider than that (84 runs at depth 3, fan-out 4) would wait on itself forever."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def deliver(outcome: tuple[bool, Any]) -> None:
-        if future.done():
-            return
-        ok, value = outcome
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-    def body() -> None:
-        try:
-            outcome: tuple[bool, Any] = (True, fn(*args))
-        except BaseException as exc:
-            outcome = (False, exc)
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            loop.call_soon_threadsafe(deliver, outcome)
-
-    threading.Thread(target=body, daemon=True, name=getattr(fn, "__name__", "engine")).start()
-    return await future
-
-
 class SlotLease:
     """A run's work slot, lent back to its consumer while the run waits on child runs.
 
@@ -232,13 +221,56 @@ class RlmResult:
     fenced: bool = False
     """Another holder appended to the run: this replica recorded nothing more."""
     code: str = ""
-    """Why a failed run failed, for programs: a model call's kind (`llm_failures`), or ""."""
+    """Why a failed run failed, for programs: a code of the failure family (a model call's
+    kind, `repo_unavailable`, `sandbox_lost`, ...), or "" for a run that broke."""
+
+    @classmethod
+    def ended(
+        cls, outcome: Outcome, *, head_hash: str, iterations: int = 0, llm_calls: int = 0
+    ) -> "RlmResult":
+        """The result of a run that came to `outcome` (`run.lifecycle`)."""
+        if isinstance(outcome, Completed):  # its own counts, as `run.completed` recorded them
+            return cls(
+                status="completed", answer=outcome.answer, outputs=outcome.outputs,
+                head_hash=head_hash, iterations=outcome.iterations, llm_calls=outcome.llm_calls,
+            )  # fmt: skip
+        if isinstance(outcome, Cancelled):
+            return cls(
+                status="cancelled", answer=outcome.partial, head_hash=head_hash,
+                iterations=iterations, llm_calls=llm_calls,
+            )  # fmt: skip
+        return cls(
+            status="failed", error=outcome.error, retryable=outcome.retryable,
+            code=result_code(outcome), head_hash=head_hash, iterations=iterations,
+            llm_calls=llm_calls,
+        )  # fmt: skip
+
+    def outcome(self) -> Outcome:
+        """What the run came to, as the lifecycle reads it (the turn's end is `turn_end`)."""
+        if self.status == "completed":
+            return Completed(self.answer, self.outputs, self.iterations, self.llm_calls)
+        if self.status == "cancelled":
+            return Cancelled(reason="", partial=self.answer)
+        known = self.code in CODES
+        return Failure(
+            error=self.error, reason=self.code, code=self.code if known else RUNNER_ERROR,
+            retryable=self.retryable, stated=known and CODES[self.code].stated,
+        )  # fmt: skip
 
 
-class RunFenced(RuntimeError):
-    """Another holder appended to this run's subject: this replica's view of the run is stale
-    (it froze past its deadline and the run was taken over). It stops and records nothing."""
-
-
-class RunCancelledError(Exception):
-    """Raised inside dspy's loop at a step boundary once the run's cancel flag is set."""
+__all__ = [
+    "DEFAULT_SIGNATURE",
+    "CancelFlag",
+    "EngineMesh",
+    "RlmResult",
+    "RlmTask",
+    "RunCancelledError",
+    "RunContext",
+    "RunFenced",
+    "SlotLease",
+    "child_run_id",
+    "derived_id",
+    "in_own_thread",
+    "root_run_id",
+    "tree_id",
+]

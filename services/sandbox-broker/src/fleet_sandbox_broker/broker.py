@@ -21,7 +21,7 @@ from fleet_events.codec import BlobStore
 from fleet_events.config import global_key, tenant_key
 from fleet_events.envelope import Envelope, Event, new_id, utc_now
 from fleet_mesh import rpc
-from fleet_mesh.decider import Decider, Ledger
+from fleet_mesh.decider import Decider, Ledger, Request
 from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.service import ServiceContext
 from fleet_mesh.store import EventStore, StoredEvent
@@ -119,10 +119,13 @@ class Broker:
         """`domain.decide` on the sandbox's subject, by the decider kernel (which serialises
         this replica's writes per subject and re-decides when the subject moved): the stream
         sequence of what was recorded, None when nothing was."""
-        _, placed = await self._logs.submit_placed(
+        _, placed = await self._logs.place(
             sb.sandbox_subject(tenant, sandbox),
-            lambda log: domain.decide(log, command),
-            lambda _, event: self._envelope(tenant, event, labels),
+            Request(
+                None,
+                lambda log: domain.decide(log, command),
+                lambda _, event: self._envelope(tenant, event, labels),
+            ),
         )
         return placed[-1].seq if placed else None
 

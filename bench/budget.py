@@ -3,6 +3,13 @@
 Run: `.venv/bin/python bench/budget.py [--quick] [--sync always|2m]`. Starts its own
 nats-server (`sync_interval` as given: `always` is the local default, `2m` the cluster's, see
 docs/architecture.md "Durability"), bootstraps it, and runs the budget service as real processes.
+
+`--compare-with TREE [--runs N]`: the budget of another checkout (`mkdir /tmp/base && git
+archive REV | tar -x -C /tmp/base`; its sources first on the baseline replicas' PYTHONPATH) as
+the baseline, this tree's as the project, each on its own nats-server, measured in N rounds
+that alternate which side goes first: the grant round trip (1 in flight) and grants/s (64 in
+flight on one tree, the group-commit path), reported as the median and spread of the rounds'
+project/baseline cost ratios.
 """
 
 import argparse
@@ -24,7 +31,15 @@ from fleet_events.budget import (
     OpenTree,
 )
 from fleet_events.bus import Ping
-from fleet_harness.bench import report, report_single, side_by_side, stats
+from fleet_harness.bench import (
+    report,
+    report_rounds,
+    report_single,
+    side_by_side,
+    sides_in_turn,
+    sources_of,
+    stats,
+)
 from fleet_harness.procs import Launcher, Replica
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
@@ -162,12 +177,85 @@ async def main(quick: bool, logs: Path | None, sync: str) -> None:
             server.stop()
 
 
+async def compare(other: Path, runs: int, quick: bool, sync: str) -> None:
+    """This tree's budget against `other`'s, one nats-server and one replica each."""
+    samples, total = (100, 1000) if quick else (300, 3000)
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+        root, servers, launchers, conns = Path(tmp), [], [], []
+        try:
+            for side, env in (("baseline", {"PYTHONPATH": sources_of(other)}), ("project", {})):
+                server = NatsServer(
+                    store_dir=root / side / "store", log_path=root / f"{side}-nats.log",
+                    sync_interval=sync,
+                ).start()  # fmt: skip
+                servers.append(server)
+                launcher = Launcher(nats_url=server.url, log_dir=root / side)
+                (root / side).mkdir(exist_ok=True)
+                launchers.append(launcher)
+                nc = await connect(server.url, name=f"bench-{side}")
+                conns.append(nc)
+                await bootstrap(nc.jetstream())
+                await ready(nc, launcher.start("budget", count=1, env=env))
+            trees = [await open_tree(nc) for nc in conns]
+            sides = {"baseline": 0, "project": 1}
+            trips: dict[str, list[float]] = {"baseline": [], "project": []}
+            rates: dict[str, list[float]] = {"baseline": [], "project": []}
+            for nc, tree in zip(conns, trees, strict=True):  # warm both up
+                for _ in range(50):
+                    await grant(nc, tree)
+            for _, side in sides_in_turn(runs):
+                nc, tree = conns[sides[side]], trees[sides[side]]
+                latencies = []
+                for _ in range(samples):
+                    start = time.perf_counter()
+                    await grant(nc, tree)
+                    latencies.append(time.perf_counter() - start)
+                trips[side].append(stats(latencies).p50_ms)
+                rates[side].append(await grants_per_s(nc, tree, total, 64))
+            print(f"nats-server sync_interval {sync}; baseline {other}, project this tree")
+            report_rounds(
+                "grant round trip p50, 1 in flight", trips["baseline"], trips["project"],
+                unit="ms", higher_is_better=False,
+            )  # fmt: skip
+            report_rounds(
+                f"grants/s, {total} grants, 64 in flight on one tree (group commits)",
+                rates["baseline"], rates["project"], unit="grants/s", higher_is_better=True,
+            )  # fmt: skip
+        finally:
+            for nc in conns:
+                await nc.close()
+            for launcher in launchers:
+                launcher.stop_all()
+            for server in servers:
+                server.stop()
+
+
+async def grants_per_s(nc: Client, tree: str, total: int, inflight: int) -> float:
+    queue = iter(range(total))
+
+    async def worker() -> None:
+        for _ in queue:
+            assert (await grant(nc, tree)).granted
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    return total / (time.perf_counter() - started)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples (CI smoke)")
     parser.add_argument("--logs", type=Path, help="keep the replicas' logs in this directory")
     parser.add_argument("--sync", default="always", help="nats-server sync_interval")
+    parser.add_argument(
+        "--compare-with", type=Path, default=None, metavar="TREE",
+        help="another checkout as the baseline (its sources first on PYTHONPATH)",
+    )  # fmt: skip
+    parser.add_argument("--runs", type=int, default=5, help="interleaved rounds (--compare-with)")
     args = parser.parse_args()
     if args.logs is not None:
         args.logs.mkdir(parents=True, exist_ok=True)
-    asyncio.run(main(args.quick, args.logs, args.sync))
+    if args.compare_with is not None:
+        asyncio.run(compare(args.compare_with, args.runs, args.quick, args.sync))
+    else:
+        asyncio.run(main(args.quick, args.logs, args.sync))

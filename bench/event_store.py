@@ -11,10 +11,21 @@
 4. Restore of a 10,000-event session (ordered replay + decode + fold) vs a raw ordered read of
    the same messages with no decoding (the store's batched direct gets, the fastest raw read we
    have; an ordered push consumer's raw read is printed for reference). Goal: <= 2x.
+
+`--compare-with TREE [--runs N]`: the store of another checkout (`mkdir /tmp/base && git
+archive REV | tar -x -C /tmp/base`) as the baseline, this tree's as the project. Each round
+runs this script's measuring part (`--measure URL`) as a process with one tree's sources first
+on its PYTHONPATH, against one shared nats-server, rounds alternating which side goes first:
+append p50 (one writer), appends/s (16 writers) and the restore of an `--events` session,
+reported as the median and spread of the rounds' project/baseline cost ratios.
 """
 
 import argparse
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -43,6 +54,7 @@ from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import EMPTY, EventStore, Head, StoredEvent, open_store, verify_export
 
 ACTOR = Actor(service="bench", replica="b-0")
+HERE = Path(__file__).resolve().parents[1]  # this checkout: the project of --compare-with
 
 
 def envelope(data: Event, session: str, run: str | None = None) -> Envelope[Event]:
@@ -322,13 +334,103 @@ async def bench_restore(js: JetStreamContext, store: EventStore, events: int, sa
     )
 
 
+async def measure_figures(url: str, appends: int, events: int, restores: int) -> None:
+    """One round of `--compare-with`, in the process of one side: its figures, as JSON."""
+    nc = await connect(url)
+    js = nc.jetstream()
+    store = await open_store(js, streams.SESSIONS)
+    session, head = new_id(), EMPTY
+    subject, latencies = log_subject("bench", session), []
+    for index in range(appends + 50):
+        start = time.perf_counter()
+        head = (await store.append(subject, envelope(TurnRequested(message="x"), session),
+                                   expect=head)).head  # fmt: skip
+        if index >= 50:  # warmed up
+            latencies.append(time.perf_counter() - start)
+    latencies.sort()
+
+    async def writer(per_writer: int) -> None:
+        mine = new_id()
+        where, at = log_subject("bench", mine), EMPTY
+        for _ in range(per_writer):
+            at = (await store.append(where, envelope(TurnRequested(message="x"), mine),
+                                     expect=at)).head  # fmt: skip
+
+    per_writer = max(50, appends // 16)
+    start = time.perf_counter()
+    await asyncio.gather(*(writer(per_writer) for _ in range(16)))
+    rate = 16 * per_writer / (time.perf_counter() - start)
+    seeded = session_filter("bench", await seed_session(store, events))
+    loads = []
+    for _ in range(restores):
+        start = time.perf_counter()
+        await store.load(seeded, CountsFold(), use_snapshot=False)
+        loads.append(time.perf_counter() - start)
+    figures = {
+        "append_p50_ms": latencies[len(latencies) // 2] * 1000,
+        "appends_per_s": rate,
+        "restore_p50_ms": sorted(loads)[len(loads) // 2] * 1000,
+    }
+    print("FIGURES " + json.dumps(figures), flush=True)
+    await nc.close()
+
+
+async def compare(other: Path, args: argparse.Namespace) -> None:
+    from fleet_harness.bench import report_rounds, sides_in_turn, sources_of
+
+    paths = {"baseline": sources_of(other), "project": sources_of(HERE)}
+    found: dict[str, list[dict[str, float]]] = {"baseline": [], "project": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        server = NatsServer(store_dir=Path(tmp) / "store", sync_interval=args.sync).start()
+        try:
+            nc = await connect(server.url)
+            await bootstrap(nc.jetstream())
+            await nc.close()
+            for _, side in sides_in_turn(args.runs):
+                command = [
+                    sys.executable, __file__, "--measure", server.url, "--appends",
+                    str(args.appends), "--events", str(args.events), "--restores",
+                    str(args.restores),
+                ]  # fmt: skip
+                env = {**os.environ, "PYTHONPATH": paths[side]}
+                done = await asyncio.to_thread(
+                    subprocess.run, command, env=env, capture_output=True, text=True, check=True
+                )
+                line = next(x for x in done.stdout.splitlines() if x.startswith("FIGURES "))
+                found[side].append(json.loads(line.removeprefix("FIGURES ")))
+        finally:
+            server.stop()
+    print(f"sync_interval {args.sync}; baseline {other}, project {HERE}")
+    for key, title, unit, higher in (
+        ("append_p50_ms", "append p50, one writer", "ms", False),
+        ("appends_per_s", "appends/s, 16 writers", "appends/s", True),
+        ("restore_p50_ms", f"restore of a {args.events:,}-event session, p50", "ms", False),
+    ):
+        report_rounds(
+            title, [r[key] for r in found["baseline"]], [r[key] for r in found["project"]],
+            unit=unit, higher_is_better=higher,
+        )  # fmt: skip
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--appends", type=int, default=2000)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--restores", type=int, default=9)
     parser.add_argument("--sync", default="always", help="nats-server sync_interval")
+    parser.add_argument(
+        "--compare-with", type=Path, default=None, metavar="TREE",
+        help="another checkout as the baseline (its sources first on PYTHONPATH)",
+    )  # fmt: skip
+    parser.add_argument("--runs", type=int, default=5, help="interleaved rounds (--compare-with)")
+    parser.add_argument("--measure", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.measure:
+        await measure_figures(args.measure, args.appends, args.events, args.restores)
+        return
+    if args.compare_with is not None:
+        await compare(args.compare_with, args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         server = NatsServer(store_dir=Path(tmp) / "store", sync_interval=args.sync).start()
         try:

@@ -12,7 +12,14 @@ from nats.js import JetStreamContext
 from fleet_events import Actor, Envelope, Event, new_id, streams, utc_now
 from fleet_events.catalog import type_of_class
 from fleet_events.session import SessionRenamed, TurnRequested, log_subject
-from fleet_mesh.decider import Contended, Decider, Decision, IdUsedElsewhere, Ledger
+from fleet_mesh.decider import (
+    Contended,
+    Decider,
+    Decision,
+    IdUsedElsewhere,
+    Ledger,
+    Request,
+)
 from fleet_mesh.store import EventStore, StoredEvent, open_store
 
 ACTOR = Actor(service="test", replica="t-0")
@@ -376,9 +383,8 @@ async def test_a_writer_that_reads_nothing_starts_at_the_head_and_learns_its_pos
     counting = Counting()
     decider = Decider(store, counting.ledger(replay=False))
 
-    decision, placed = await decider.submit_placed(
-        subject, take("mine"), lambda _, event: envelope(subject, event, "mine")
-    )
+    request = Request("mine", take("mine"), lambda _, event: envelope(subject, event, "mine"))
+    decision, placed = await decider.place(subject, request)
 
     events = await stored(store, subject)
     assert decision.answer == "taken"  # on an empty fold: the history was not read

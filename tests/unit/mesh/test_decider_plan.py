@@ -24,6 +24,7 @@ class Slots:
 
 def evolve(state: Slots, stored: StoredEvent) -> Slots:
     assert isinstance(stored.envelope.data, TurnRequested)
+    assert stored.subject == SUBJECT
     state.taken.append(stored.envelope.data.message)
     state.seen.append(stored.seq)
     return state
@@ -126,6 +127,7 @@ def test_a_stale_decide_stops_the_plan_until_the_state_is_caught_up() -> None:
 
     assert planned.stale == 1
     assert 2 not in planned.answers  # nothing after the stale request was decided
+    assert planned.state.taken == ["a"]  # what was planned before it
 
     final = plan(LEDGER, SUBJECT, Slots(limit=5), requests, stale=(Unknown,), caught_up=True)
     assert final.stale is None
@@ -172,3 +174,37 @@ def test_a_tail_continues_the_fold_only_when_it_chains_on_its_head(
     head: Head, prev: str | None, continues: bool
 ) -> None:
     assert chains_on(head, prev) is continues
+
+
+def test_two_requests_are_a_batch_the_second_deciding_on_the_first() -> None:
+    state = Slots(limit=1)
+    wrapped: list[list[str]] = []
+
+    def seen_by_wrap(name: str) -> Request[Slots, Decision[str]]:
+        request = take(name)
+
+        def wrap_seeing(scratch: Slots, event: Event) -> Envelope[Event]:
+            wrapped.append(list(scratch.taken))
+            return wrap(scratch, event)
+
+        return Request(name, request.decide, wrap_seeing)
+
+    planned = plan(LEDGER, SUBJECT, state, [seen_by_wrap("a"), seen_by_wrap("a2")])
+
+    assert answers([take("a"), take("a2")], Slots(limit=1)) == ["taken", "full"]
+    assert planned.state.taken == ["a"]
+    assert state.taken == []  # two requests are decided on a copy too
+    assert wrapped == [[]]  # `wrap` sees the state its request was decided on
+
+
+def test_each_event_of_a_batch_is_wrapped_with_the_state_after_the_ones_before() -> None:
+    seen: list[list[str]] = []
+
+    def wrap_seeing(scratch: Slots, event: Event) -> Envelope[Event]:
+        seen.append(list(scratch.taken))
+        return wrap(scratch, event)
+
+    requests = [Request(n, take(n).decide, wrap_seeing) for n in ("a", "b", "c")]
+    plan(LEDGER, SUBJECT, Slots(limit=3), requests)
+
+    assert seen == [[], ["a"], ["a", "b"]]

@@ -9,6 +9,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -93,3 +94,55 @@ async def measure(fn: Callable[[], Awaitable[object]], *, samples: int, warmup: 
         await fn()
         times.append(time.perf_counter() - start)
     return stats(times)
+
+
+# -- another checkout as the baseline (`--compare-with TREE`) ------------------------------------
+
+SOURCE_ROOTS = ("libs/*/src", "apps/*/src", "services/*/src")
+
+
+def sources_of(tree: Path) -> str:
+    """A checkout's source folders as a PYTHONPATH, so a process run with it first imports that
+    tree's code (the venv's editable installs come after). E.g. `git archive REV | tar -x -C
+    /tmp/base` makes a baseline tree."""
+    found = [str(p) for pattern in SOURCE_ROOTS for p in sorted(tree.glob(pattern))]
+    if not found:
+        raise SystemExit(f"--compare-with {tree}: no {', '.join(SOURCE_ROOTS)} there")
+    return ":".join(found)
+
+
+def sides_in_turn(runs: int) -> list[tuple[int, str]]:
+    """The order of `runs` interleaved rounds: baseline first in even rounds, project first in
+    odd ones, so neither side always runs on a warmer (or busier) machine."""
+    order = []
+    for index in range(runs):
+        pair = ("baseline", "project") if index % 2 == 0 else ("project", "baseline")
+        order += [(index, side) for side in pair]
+    return order
+
+
+def report_rounds(
+    title: str,
+    baseline: list[float],
+    project: list[float],
+    *,
+    unit: str,
+    higher_is_better: bool,
+    goal: str = "<= 1.05x",
+) -> float:
+    """Print one figure measured in interleaved rounds: each side's median, and the median and
+    spread (min-max) of the per-round cost ratios, project over baseline (above 1: the project
+    is slower, whatever the unit). Returns the median ratio."""
+    ratios = sorted(
+        (b / p if higher_is_better else p / b) for b, p in zip(baseline, project, strict=True)
+    )
+    median = statistics.median(ratios)
+    print(
+        f"== {title} ({len(ratios)} interleaved rounds)\n"
+        f"   baseline median {statistics.median(baseline):,.3f} {unit}   project median "
+        f"{statistics.median(project):,.3f} {unit}\n"
+        f"   cost ratio median {median:.3f}x  spread {ratios[0]:.3f}x-{ratios[-1]:.3f}x   "
+        f"goal: {goal}",
+        flush=True,
+    )
+    return median

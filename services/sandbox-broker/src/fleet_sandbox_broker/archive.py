@@ -7,6 +7,7 @@ refused` is recorded and the caller gets a `declined` error saying why and what 
 import msgspec
 
 from fleet_events import sandbox as sb
+from fleet_sandbox_broker import domain
 from fleet_sandbox_broker.broker import Broker, Held
 from fleet_sandbox_broker.errors import SandboxError
 
@@ -25,14 +26,14 @@ class Archives:
         archive = getattr(held.box, "archive", None)
         problem = _refusal(held, provider.name, provider.capabilities.archive and archive)
         if problem is not None:
-            refused = sb.ArchiveRefused(sandbox=held.box.id, provider=provider.name, reason=problem)
+            refused = domain.archive_refused(held.box.id, provider.name, problem)
             await self.b.append(held.tenant, held.box.id, refused, held.labels)
             raise ArchiveDeclined(problem)
         assert archive is not None
         await archive()
         info = self.b.info(held)
         await self.b.release(held)
-        done = sb.SandboxArchived(sandbox=held.box.id, provider=provider.name, reason=req.reason)
+        done = domain.archived(held.box.id, provider.name, req.reason)
         await self.b.append(held.tenant, held.box.id, done, held.labels)
         return msgspec.structs.replace(info, status="stopped", stopped_reason="archived")
 

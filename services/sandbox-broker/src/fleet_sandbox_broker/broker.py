@@ -21,9 +21,10 @@ from fleet_events.codec import BlobStore
 from fleet_events.config import global_key, tenant_key
 from fleet_events.envelope import Envelope, Event, new_id, utc_now
 from fleet_mesh import rpc
+from fleet_mesh.decider import Decider, Ledger, Request
 from fleet_mesh.runtime_config import RuntimeConfig
 from fleet_mesh.service import ServiceContext
-from fleet_mesh.store import AppendConflict, EventStore, Head
+from fleet_mesh.store import EventStore, StoredEvent
 from fleet_sandbox_broker import domain
 from fleet_sandbox_broker.config import BrokerSettings
 from fleet_sandbox_broker.errors import ProviderNotConfigured, QuotaExceeded, SandboxNotFound
@@ -47,6 +48,19 @@ class Held:
     served: list[rpc.Served] = field(default_factory=list)  # its subjects (subscribers.py)
     provider: str = ""  # the provider it runs on ("" is the broker's default)
 
+
+def _fold_log(log: domain.SandboxLog, stored: StoredEvent) -> domain.SandboxLog:
+    return domain.evolve_log(log, stored.seq)
+
+
+SANDBOX_LOGS = Ledger(
+    name="broker-sandbox-log", initial=domain.SandboxLog, evolve=_fold_log,
+    clone=lambda log: domain.SandboxLog(log.seq),
+)  # fmt: skip
+"""Where each sandbox's subject ends; `max_batch=1`: a claim is decided on a stored position,
+never on one a group commit has not stored yet."""
+
+CACHED_LOGS = 4096
 
 # what a started sandbox records first: `sandbox.created`, or `sandbox.replaced` for a revival
 FirstEvent = Callable[[Sandbox], Event]
@@ -82,8 +96,8 @@ class Broker:
         self.sessions: EventStore | None = sessions
         self.pool = WarmPool(provider, settings.pool_size, settings.default_limits())
         self.held: dict[str, Held] = {}
-        self._heads: dict[str, Head] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # one writer per sandbox subject: its folds (where each ends) and its appends
+        self._logs = Decider(store, SANDBOX_LOGS, capacity=CACHED_LOGS, max_batch=1)
         self._starting: dict[str, int] = {}  # per tenant: sandboxes started, not yet in the view
         self._closing = False
         # set by the routes (subscribers.py): serve / stop serving one held sandbox's subjects
@@ -98,34 +112,36 @@ class Broker:
             session=labels.get("session"), run=labels.get("run"),
         )  # fmt: skip
 
+    async def _decide(
+        self, tenant: str, sandbox: str, command: domain.Record | domain.Claim,
+        labels: dict[str, str],
+    ) -> int | None:  # fmt: skip
+        """`domain.decide` on the sandbox's subject, by the decider kernel (which serialises
+        this replica's writes per subject and re-decides when the subject moved): the stream
+        sequence of what was recorded, None when nothing was."""
+        _, placed = await self._logs.place(
+            sb.sandbox_subject(tenant, sandbox),
+            Request(
+                None,
+                lambda log: domain.decide(log, command),
+                lambda _, event: self._envelope(tenant, event, labels),
+            ),
+        )
+        return placed[-1].seq if placed else None
+
     async def append(self, tenant: str, sandbox: str, event: Event, labels: dict[str, str]) -> int:
-        """Append as the sandbox's one writer (this replica); returns the stream sequence."""
-        subject = sb.sandbox_subject(tenant, sandbox)
-        envelope = self._envelope(tenant, event, labels)
-        # Appends serialised per subject; a stale cached head (say, after a restart) is re-read.
-        async with self._locks.setdefault(subject, asyncio.Lock()):
-            try:
-                appended = await self.store.append(
-                    subject, envelope, expect=self._heads.get(subject)
-                )
-            except AppendConflict:
-                appended = await self.store.append(subject, envelope)
-            self._heads[subject] = appended.head
-        return appended.seq
+        """Record as the sandbox's one writer (this replica); returns the stream sequence."""
+        seq = await self._decide(tenant, sandbox, domain.Record(event), labels)
+        assert seq is not None  # a record always stores its event
+        return seq
 
     async def claim(self, view: domain.SandboxView, event: Event) -> bool:
-        """Append `event` only if the sandbox's subject is still where the view saw it: of two
+        """Record `event` only if the sandbox's subject is still where the view saw it: of two
         replicas taking over one sandbox, exactly one wins; False for the loser."""
-        subject = sb.sandbox_subject(view.tenant, view.sandbox)
         head = self.view.head(view.tenant, view.sandbox)
-        envelope = self._envelope(view.tenant, event, view.labels)
-        async with self._locks.setdefault(subject, asyncio.Lock()):
-            try:
-                appended = await self.store.append(subject, envelope, expect=head)
-            except AppendConflict:
-                return False
-            self._heads[subject] = appended.head
-        return True
+        seen = head.seq if head is not None else None
+        command = domain.Claim(seen, event)
+        return await self._decide(view.tenant, view.sandbox, command, view.labels) is not None
 
     # -- which provider ---------------------------------------------------------------------------
 
@@ -184,10 +200,9 @@ class Broker:
             return
         self._refusals[tenant] = (now, 0)
         sandbox = new_id()
-        event = sb.CreateRefused(
-            sandbox=sandbox, provider=refused.provider, reason=refused.message, labels=labels,
-            unrecorded=unrecorded,
-        )  # fmt: skip
+        event = domain.create_refused(
+            sandbox, refused.provider, refused.message, labels, unrecorded
+        )
         await self.append(tenant, sandbox, event, labels)
 
     # -- what this replica holds ----------------------------------------------------------------

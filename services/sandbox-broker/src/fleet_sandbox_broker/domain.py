@@ -395,3 +395,66 @@ def child_decided(
         parent=parent, child=None if plan.branch == "refused" else child, mode=policy.mode,
         branch=plan.branch, reason=plan.reason, context=context,
     )  # fmt: skip
+
+
+def create_refused(
+    sandbox: str, provider: str, reason: str, labels: dict[str, str], unrecorded: int
+) -> ev.CreateRefused:
+    return ev.CreateRefused(
+        sandbox=sandbox, provider=provider, reason=reason, labels=labels, unrecorded=unrecorded
+    )
+
+
+def archive_refused(sandbox: str, provider: str, reason: str) -> ev.ArchiveRefused:
+    return ev.ArchiveRefused(sandbox=sandbox, provider=provider, reason=reason)
+
+
+def archived(sandbox: str, provider: str, reason: str) -> ev.SandboxArchived:
+    return ev.SandboxArchived(sandbox=sandbox, provider=provider, reason=reason)
+
+
+# -- the writer's decisions on a sandbox's own subject (the decider kernel appends them) --------
+
+
+@dataclass
+class SandboxLog:
+    """What the writer folds of a sandbox's subject: where it ends."""
+
+    seq: int = 0
+
+
+def evolve_log(log: SandboxLog, seq: int) -> SandboxLog:
+    log.seq = seq
+    return log
+
+
+@dataclass(frozen=True)
+class Record:
+    """Record a fact of a sandbox this replica holds (its one writer): after whatever is there."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Take a sandbox no broker holds (revive, reap or replace it): only if its subject still
+    ends where the view saw it (`seen`; None: the view has no head for it). Of two replicas
+    claiming one sandbox, exactly one is recorded."""
+
+    seen: int | None
+    event: Event
+
+
+@dataclass(frozen=True)
+class Decided:
+    events: tuple[Event, ...]
+
+    @property
+    def recorded(self) -> bool:
+        return bool(self.events)
+
+
+def decide(log: SandboxLog, command: Record | Claim) -> Decided:
+    if isinstance(command, Claim) and command.seen is not None and command.seen != log.seq:
+        return Decided(())  # the sandbox moved since the view saw it: another replica has it
+    return Decided((command.event,))

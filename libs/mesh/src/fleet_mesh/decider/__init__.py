@@ -20,12 +20,17 @@ a session's log, a sandbox's log) goes through one `Decider` per kind of subject
         wrap=lambda state, event: Envelope(id=command.request_id, ..., data=event),
         request_id=command.request_id,         # named in `Contended` / `IdUsedElsewhere`
     )
+    decision, placed = await trees.place(subject, Request(request_id, decide, wrap))
+                                              # the same, and where its events were stored
     cached = await trees.current(subject, fresh=True)         # .state, .head (live: read now)
     trees.forget(subject)                                     # next use folds it again
 
 `decide(state)` returns any object with `events: Sequence[Event]` (the events to store; none
 when the answer is already on the log); `submit` returns that same object once its events are
-stored. The guarantees, each one a test of tests/unit/mesh/test_decider_plan.py or
+stored; `fresh=True` reads the tail first (a decision that stores nothing is checked by no
+append, so one that depends on the latest events needs it). A ledger with `replay=False`
+starts a subject at its head, unread (writers of facts that commute with everyone else's).
+The guarantees, each one a test of tests/unit/mesh/test_decider_plan.py or
 tests/integration/mesh/test_decider.py:
 
 - *One winner*: appends carry `expect=<the head the decision was folded at>`; of two deciders

@@ -235,26 +235,18 @@ class Decider(Generic[S]):
         depends on the latest events (a store-nothing answer is never checked by an append).
         Raises what `decide` raised (nothing stored), `Contended` when every attempt lost,
         `IdUsedElsewhere` when an event id is already on another subject, or a store error."""
-        decision, _ = await self.submit_placed(
-            subject, decide, wrap, request_id=request_id, fresh=fresh
-        )
+        decision, _ = await self.place(subject, Request(request_id, decide, wrap), fresh=fresh)
         return decision
 
-    async def submit_placed(
-        self,
-        subject: str,
-        decide: Callable[[S], D],
-        wrap: Callable[[S, Event], Envelope[Any]],
-        *,
-        request_id: str | None = None,
-        fresh: bool = False,
+    async def place(
+        self, subject: str, request: Request[S, D], *, fresh: bool = False
     ) -> tuple[D, tuple[Appended, ...]]:
-        """`submit`, and where the decision's own events were stored (in order; none when it
-        stored nothing)."""
+        """`submit` of a `Request`, answered with where the decision's own events were stored
+        (in order; none when it stored nothing)."""
         answer: asyncio.Future[tuple[D, tuple[Appended, ...]]]
         answer = asyncio.get_running_loop().create_future()
         slot = self._enter(subject)
-        slot.queue.append(_Pending(Request(request_id, decide, wrap), answer, fresh))
+        slot.queue.append(_Pending(request, answer, fresh))
         try:
             while not answer.done():
                 async with slot.lock:

@@ -22,7 +22,7 @@ from fleet_events.catalog import type_of_class
 from fleet_events.chain import TYPE_HEADER
 from fleet_events.session import InputExpired, InputProvided, log_subject
 from fleet_mesh.blobs import JetStreamBlobs
-from fleet_mesh.decider import Decider, Ledger
+from fleet_mesh.decider import Decider, Ledger, Request
 from fleet_mesh.store import Appended, EventStore
 
 ANSWERS = frozenset({type_of_class(InputProvided), type_of_class(InputExpired)})
@@ -57,7 +57,7 @@ async def append(mesh: EngineMesh, scope: LogScope, event: Event) -> Appended:
         )  # fmt: skip
 
     subject = log_subject(scope.tenant, scope.session)
-    _, (appended,) = await writer.submit_placed(subject, lambda state: facts(state, event), wrap)
+    _, (appended,) = await writer.place(subject, Request(None, lambda s: facts(s, event), wrap))
     return appended
 
 

@@ -171,7 +171,7 @@ function SessionView({
               type: "message",
               content,
               session_id: session,
-              turn_id: newId(),
+              id: newId(),
               execution_mode: mode,
               trace_mode: "verbose",
               ...extras,

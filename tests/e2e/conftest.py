@@ -15,6 +15,7 @@ import pytest
 
 from fleet_cli.errors import ClientError
 from fleet_cli.localmesh import mint_token
+from fleet_harness.procs import package_of
 from fleet_mesh.natsserver import free_port
 
 
@@ -106,6 +107,8 @@ def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
         inherited = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", RUNNER)}
         full_env = inherited | ({RUNNER: runner} if runner else {}) | (env or {})
         full_env[MARK] = str(data_dir)  # inherited by every child: the teardown's sweep key
+        if package_of("agent", full_env) != "fleet_agent":  # a fake asked for: the agent with it
+            full_env["FLEET_UP_MODULE_AGENT"] = package_of("agent", full_env)
         argv = [sys.executable, "-m", "fleet_cli", "up", "--data-dir", str(data_dir)]
         argv += ["--port", str(port), "--nats-port", "0", "--grace", "5"]
         argv += ["--llm", "none"]  # the local model has its own tests (tests/integration/llm)

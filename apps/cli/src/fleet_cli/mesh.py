@@ -98,7 +98,10 @@ def preflight(options: UpOptions) -> None:
 
 
 def module_of(service: str) -> str:
-    return "fleet_" + service.replace("-", "_")
+    """The module a service runs as: `fleet_<service>`, or the one `FLEET_UP_MODULE_<SERVICE>`
+    names (tests run the agent composed with its test fakes, `fleet_harness.agent_fakes`)."""
+    name = service.replace("-", "_")
+    return os.environ.get(f"FLEET_UP_MODULE_{name.upper()}") or f"fleet_{name}"
 
 
 def gateway_dir(data_dir: Path) -> Path:

@@ -25,6 +25,7 @@ from fleet_cli.commands.common import (
     fail,
     gateway,
 )
+from fleet_events import subjects
 from fleet_events.ids import InvalidId, check_id
 from fleet_events.signing import KEYSET_KIND, Checkpoint, KeySet, SigningError
 from fleet_mesh.offline import check_lines
@@ -122,9 +123,9 @@ def _session_filter(events: list[bytes]) -> str | None:
             subject = str(json.loads(line)["subject"])
         except (ValueError, KeyError, TypeError):
             continue
-        parts = subject.split(".")
-        if len(parts) >= 4 and parts[:2] == ["fleet", "session"]:
-            return ".".join(parts[:4]) + ".>"
+        where = subjects.parse_session(subject)
+        if where is not None:
+            return where.scope
     return None
 
 

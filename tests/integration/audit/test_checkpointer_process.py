@@ -90,6 +90,5 @@ def test_a_missing_setting_stops_the_checkpointer_naming_it(tmp_path: Path) -> N
         env=env, capture_output=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 1
-    assert done.stderr.decode().strip().splitlines()[-1].startswith(
-        f"checkpointer: bad setting: {CHECKPOINT_KEY_ENV}"
-    )
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith(f"checkpointer: bad setting: {CHECKPOINT_KEY_ENV}")

@@ -326,6 +326,27 @@ def verb_markdown() -> str:
     return "\n".join(rows)
 
 
+def broker_markdown() -> str:
+    """The bus API table of docs/sandboxes.md: every verb the broker serves, who serves it,
+    and the two subjects it uses towards an interpreter."""
+    served_by = {
+        "service": "queue group (any replica)",
+        "sandbox": "only the replica holding `{sandbox}`",
+        "interpreter": "the interpreter owning the context",
+    }
+    rows = ["| subject | served by | request → reply | meaning |", "|---|---|---|---|"]
+    for v in (*verbs_of(sb.BROKER, "service"), *verbs_of(sb.BROKER, "sandbox"), TOOL_CALL):
+        types = f"`{v.request.__name__}` → `{v.reply.__name__}`"
+        rows.append(f"| `{v.pattern}` | {served_by[v.scope]} | {types} | {_cell(v.summary)} |")
+    output = next(c for c in CHANNELS if c.pattern == CELL_OUTPUT_PATTERN)
+    assert output.payload is not None
+    rows.append(
+        f"| `{output.pattern}` | {served_by['interpreter']} | `{output.payload.__name__}` "
+        f"(no reply) | {_cell(output.summary)} |"
+    )
+    return "\n".join(rows)
+
+
 def channel_markdown() -> str:
     """The subject table of docs/architecture.md, beside the verb table."""
     rows = ["| subject | kind | stream | carries | meaning |", "|---|---|---|---|---|"]

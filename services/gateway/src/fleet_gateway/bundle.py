@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet_events import subjects
 from fleet_events.chain import ChainFault
 from fleet_events.signing import KeySet
 from fleet_mesh.store import Verification, verify_export
@@ -118,11 +119,13 @@ def read_bundle(lines: Iterable[bytes], *, keys: KeySet | None = None) -> Bundle
     if not bundle.events:
         bundle.verification = _fault(None, "the export holds no event", 0)
         return bundle
-    first = bundle.events[0].subject.split(".")[:4]
+    first = subjects.parse_session(bundle.events[0].subject)
     for row in bundle.events:
-        if row.subject.split(".")[:4] != first or not row.subject.startswith("fleet.session."):
+        where = subjects.parse_session(row.subject)
+        if first is None or where is None or where.scope != first.scope:
+            scope = first.scope if first is not None else "one session's"
             bundle.verification = _fault(
-                row, f"belongs to another session than {'.'.join(first)}", chain.checked
+                row, f"belongs to another session than {scope}", chain.checked
             )
             return bundle
         for _, sha, _ in payload_refs(row.payload):

@@ -29,6 +29,7 @@ limit. Only the types asked for are decoded (picked by the `Fleet-Type` header).
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable, Collection
 from types import TracebackType
 from typing import Generic, TypeVar
@@ -192,7 +193,7 @@ class Watches(Reader):
         watch: Watch[T] = Watch(after_seq or 0, _tags(types))
         watch._sub = await self._nc.subscribe(subject, cb=watch._ring)
         try:
-            await self._nc.flush(timeout=self._timeout)  # held: what is stored from now rings
+            await self._nc.flush(timeout=math.ceil(self._timeout))  # held: what is stored now rings
             if after_seq is None:
                 watch.last_seq = await self._stored_upto(subject)
         except BaseException:

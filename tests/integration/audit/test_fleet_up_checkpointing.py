@@ -1,7 +1,6 @@
 """`fleet up`'s checkpointing role: it holds the checkpoint key, signs the heads the services'
 signed appends make, and refuses to start over a checkpoint file it cannot vouch for."""
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -33,8 +32,7 @@ async def test_fleet_up_checkpoints_what_its_services_sign(
         subject, envelope(TurnRequested(message="hi"), subject), expect=EMPTY
     )
     path = checkpoint_file(tmp_path / CHECKPOINTS_DIR, streams.SESSIONS.name)
-    stop = asyncio.Event()
-    async with checkpointing(private_nats.url, tmp_path, stop, interval_s=3600):
+    async with checkpointing(private_nats.url, tmp_path, interval_s=3600):
         written = await eventually(lambda: read_checkpoints(path) or None, what="a checkpoint")
     (cp,) = written
     assert cp.heads == {subject: (appended.seq, appended.hash)}
@@ -53,7 +51,7 @@ async def test_fleet_up_will_not_extend_a_checkpoint_file_it_cannot_vouch_for(
     )
     path.write_bytes(forged.line() + b"\n")
     with pytest.raises(SigningError, match=r"checkpoint 1: signed by key .* not in the pinned"):
-        async with checkpointing(private_nats.url, tmp_path, asyncio.Event()):
+        async with checkpointing(private_nats.url, tmp_path):
             pass
     assert json.loads(path.read_bytes())["number"] == 1  # left as it was, for the operator
     assert isinstance(read_keyset(tmp_path / "keys" / "keyset.json"), KeySet)

@@ -226,7 +226,6 @@ async def test_a_purge_through_fleet_ups_checkpointer_verifies_with_signatures_r
     """The real wiring: the keys `fleet up` makes, its checkpointer role (`fleet_cli.keys.
     checkpointing`, which serves the verb), a gateway signing with its own key, an agent's
     signed run step, and an auditor pinning the key set with signatures required."""
-    import asyncio
 
     from fleet_cli.keys import checkpointing, ensure_keys, key_path
     from fleet_events.signing import SIGNING_KEY_ENV
@@ -241,10 +240,9 @@ async def test_a_purge_through_fleet_ups_checkpointer_verifies_with_signatures_r
         nc.jetstream(), streams.SESSIONS, signer=read_signer(key_path(data, "agent"))
     )
     monkeypatch.setenv(SIGNING_KEY_ENV, str(key_path(data, "gateway")))
-    stop = asyncio.Event()
     try:
         async with (
-            checkpointing(private_nats.url, data, stop, interval_s=3600) as checkpointer,
+            checkpointing(private_nats.url, data, interval_s=3600) as checkpointer,
             running_api(private_nats.url, tmp_path / "gw") as api,
         ):
             tenant = tenant_id()
@@ -260,5 +258,4 @@ async def test_a_purge_through_fleet_ups_checkpointer_verifies_with_signatures_r
             assert verdict.ok, verdict.fault
             assert verdict.checked >= 1  # the marker, signed by the gateway
     finally:
-        stop.set()
         await nc.close()

@@ -70,3 +70,62 @@ def test_event_command_and_rpc_subject_spaces_never_overlap() -> None:
     assert len(captured) == len(set(captured))
     for core in (subjects.rpc("budget", "grant"), subjects.callback("i"), subjects.live("t", "s")):
         assert core.split(".")[1] not in captured
+
+
+# -- parsing: every shape the builders make parses back, and nothing else does -----------------
+
+
+@given(tenant=SAFE, session=SAFE, run=SAFE)
+def test_session_subjects_parse_back_to_what_built_them(
+    tenant: str, session: str, run: str
+) -> None:
+    assert subjects.parse_session(log_subject(tenant, session)) == subjects.SessionSubject(
+        tenant, session
+    )
+    assert subjects.parse_session(run_subject(tenant, session, run)) == subjects.SessionSubject(
+        tenant, session, run
+    )
+    assert subjects.tenant_token(sandbox_subject(tenant, session)) == tenant
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "fleet.session.acme.s1.run.r1.extra",
+        "fleet.session.acme.s1.log.extra",
+        "fleet.session.acme.s1.tail",
+        "fleet.session.acme.s1",
+        "fleet.session.*.s1.log",
+        "fleet.sandbox.acme.s1",
+        "other.session.acme.s1.log",
+    ],
+)
+def test_other_shapes_are_no_session_subject(subject: str) -> None:
+    assert subjects.parse_session(subject) is None
+
+
+def test_patterns_build_filters_and_parse() -> None:
+    assert subjects.SESSION_LOG.filter() == "fleet.session.*.*.log"
+    assert subjects.SESSION_RUN.filter(tenant="t", run="r") == "fleet.session.t.*.run.r"
+    assert subjects.session_scope("t", "s") == session_filter("t", "s") == "fleet.session.t.s.>"
+    assert subjects.WORK.parse("fleet.work.agent.turn") == {"service": "agent", "kind": "turn"}
+    assert subjects.SANDBOX.parse("fleet.sandbox.t") is None
+    with pytest.raises(TypeError, match="takes tenant, session"):
+        subjects.SESSION_LOG.build(tenant="t")
+    with pytest.raises(InvalidId):
+        subjects.SESSION_LOG.filter(tenant="a.b")
+    assert subjects.is_wildcard("fleet.session.>")
+    assert not subjects.is_wildcard("fleet.a.b")
+
+
+def test_the_bus_catalog_names_the_channel_of_a_subject() -> None:
+    from fleet_events import bus
+
+    found = bus.channel_of(run_subject("t", "s", "r"))
+    assert found is not None
+    assert found[0].name == "session-run"
+    assert found[1]["run"] == "r"
+    found = bus.channel_of(subjects.work("agent", "turn"))
+    assert found is not None
+    assert found[0].name == "agent-turn"
+    assert bus.channel_of("fleet.nowhere.x") is None

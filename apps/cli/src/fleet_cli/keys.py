@@ -8,26 +8,18 @@ only public keys, with `require_signatures: true`: a mesh started by `fleet up` 
 append, so an auditor pinning this file refuses any unsigned event.
 """
 
-import asyncio
 import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
-from fleet_events import streams
 from fleet_events.signing import APPEND, CHECKPOINT, SIGNING_KEY_ENV, KeySet, Signer, SigningError
 from fleet_events.subjects import SERVICES
-from fleet_mesh.checkpoints import (
-    INTERVAL_ENV,
-    KEYSET_ENV,
-    Checkpointer,
-    checkpoint_file,
-    serve_purges,
-)
-from fleet_mesh.connection import connect
+from fleet_mesh import service
+from fleet_mesh.checkpoints import INTERVAL_ENV, KEYSET_ENV, Checkpointer, checkpointer_setup
 from fleet_mesh.keyfiles import read_signer, write_signer
-from fleet_mesh.store import open_store
+from fleet_mesh.settings import MeshSettings
 
 KEYS_DIR = "keys"
 KEYSET_FILE = "keyset.json"
@@ -77,33 +69,24 @@ CHECKPOINT_INTERVAL_S = 10.0
 
 @contextlib.asynccontextmanager
 async def checkpointing(
-    nats_url: str, data_dir: Path, stop: asyncio.Event, *, interval_s: float | None = None
+    nats_url: str, data_dir: Path, *, interval_s: float | None = None
 ) -> AsyncIterator[Checkpointer]:
     """The checkpointer as a role of `fleet up`'s own process, the one process that holds the
-    checkpoint key (no service is given it). Its file lives in `<data dir>/checkpoints`, out
-    of the NATS store; one that does not verify stops `fleet up` before any service starts."""
+    checkpoint key (no service is given it), on the same life as a service
+    (`fleet_mesh.service.running`: its purges stop first, then its loop, on a bounded drain).
+    Its file lives in `<data dir>/checkpoints`, out of the NATS store; one that does not verify
+    stops `fleet up` before any service starts. It runs until the `async with` ends (fleet up's
+    signal handling ends it)."""
     keys = ensure_keys(data_dir, SERVICES)
     directory = (data_dir / CHECKPOINTS_DIR).resolve()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     signer = read_signer(key_path(data_dir, CHECKPOINTER))
-    nc = await connect(nats_url, name="fleet-checkpointer")
-    try:
-        js = nc.jetstream()
-        store = await open_store(js, streams.SESSIONS, signer=None)
-        path = checkpoint_file(directory, streams.SESSIONS.name)
-        checkpointer = Checkpointer(store, streams.SESSIONS, signer, keys, path, js=js)
-        period = interval_s if interval_s is not None else _interval()
-        task = asyncio.create_task(checkpointer.run(period, stop))
-        purges = await serve_purges(nc, checkpointer)  # admins' purges, via the gateway
-        try:
-            yield checkpointer
-        finally:
-            await purges.stop()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    finally:
-        await nc.close()
+    period = interval_s if interval_s is not None else _interval()
+    made: list[Checkpointer] = []
+    setup = checkpointer_setup(signer, keys, directory, period, started=made.append)
+    settings = MeshSettings(nats_url=nats_url, replica=CHECKPOINTER)
+    async with service.running(CHECKPOINTER, setup, settings=settings):
+        yield made[0]
 
 
 def _interval() -> float:

@@ -220,7 +220,7 @@ async def up(
             nats_url = options.join_url
             log.info("joining NATS at %s", nats_url)
         await run_bootstrap(nats_url)
-        async with checkpointing(nats_url, options.data_dir, stop):
+        async with checkpointing(nats_url, options.data_dir):
             extra_env = await before_services(nats_url, supervisor) if before_services else {}
             specs = service_specs(options, nats_url)
             for spec in specs:

@@ -13,6 +13,8 @@ The subject's tenant is also the only tenant a blob is read for.
 
 from typing import Protocol
 
+from fleet_events import subjects
+
 SESSION_SHAPES = (
     "a session subject is fleet.session.<tenant>.<session>.log or "
     "fleet.session.<tenant>.<session>.run.<run>"
@@ -35,29 +37,20 @@ class Named(Protocol):
 
 def subject_tenant(subject: str) -> str | None:
     """The tenant token of a tenant-scoped subject (sessions, sandboxes), else None."""
-    parts = subject.split(".")
-    if len(parts) >= 4 and parts[0] == "fleet" and parts[1] in ("session", "sandbox"):
-        return parts[2]
-    return None
+    return subjects.tenant_token(subject)
 
 
 def session_tokens(subject: str) -> tuple[str, str | None] | None:
     """(session, run) of a session subject of either shape (run None on a `.log`), else None."""
-    parts = subject.split(".")
-    if parts[:2] != ["fleet", "session"]:
-        return None
-    if len(parts) == 5 and parts[4] == "log":
-        return parts[3], None
-    if len(parts) == 6 and parts[4] == "run":
-        return parts[3], parts[5]
-    return None
+    where = subjects.parse_session(subject)
+    return None if where is None else (where.session, where.run)
 
 
 def _shape_problem(subject: str) -> str | None:
-    parts = subject.split(".")
-    if parts[:2] == ["fleet", "session"] and session_tokens(subject) is None:
+    space = subjects.space_of(subject)
+    if space == "session" and subjects.parse_session(subject) is None:
         return SESSION_SHAPES
-    if parts[:2] == ["fleet", "sandbox"] and len(parts) != 4:
+    if space == "sandbox" and subjects.SANDBOX.parse(subject) is None:
         return SANDBOX_SHAPE
     return None
 

@@ -17,19 +17,19 @@ from typing import Literal
 
 import msgspec
 
+from fleet_events import subjects
 from fleet_events.envelope import Event
-from fleet_events.ids import check_id
 
 # --- subjects --------------------------------------------------------------------------------
 
 
 def tree_subject(tree: str) -> str:
-    return f"fleet.budget.{check_id('tree', tree)}"
+    return subjects.BUDGET_TREE.build(tree=tree)
 
 
 def tenant_day_subject(tenant: str, day: str) -> str:
     """The tenant's daily ledger; `day` is the UTC date `YYYY-MM-DD` the tree was opened on."""
-    return f"fleet.budget.tenant.{check_id('tenant', tenant)}.{check_id('day', day)}"
+    return subjects.BUDGET_TENANT_DAY.build(tenant=tenant, day=day)
 
 
 # --- events on a tree's ledger --------------------------------------------------------------

@@ -23,7 +23,6 @@ import msgspec
 from fleet_events import budget, llm, quality, run, session, subjects
 from fleet_events import sandbox as sb
 from fleet_events.envelope import Event
-from fleet_events.ids import check_id
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
@@ -62,9 +61,7 @@ class Verb(Generic[Req, Rep]):
         if target is None:
             raise ValueError(f"{self.key} is a per-{self.scope} verb: give the {self.scope} id")
         if self.scope == "sandbox":
-            return (
-                f"{subjects.rpc(self.service, 'sandbox')}.{check_id('sandbox', target)}.{self.name}"
-            )
+            return subjects.SANDBOX_RPC.build(service=self.service, sandbox=target, verb=self.name)
         return subjects.callback(target)
 
     @property
@@ -77,8 +74,10 @@ class Verb(Generic[Req, Rep]):
         if self.scope == "service":
             return self.subject()
         if self.scope == "sandbox":
-            return f"fleet.rpc.{self.service}.sandbox.{{sandbox}}.{self.name}"
-        return "fleet.callback.{interpreter}"
+            return subjects.SANDBOX_RPC.filter(service=self.service, verb=self.name).replace(
+                "*", "{sandbox}"
+            )
+        return subjects.CALLBACK.text
 
     def queue(self) -> str:
         """The queue group its servers join ("" for a verb with exactly one server)."""
@@ -216,13 +215,17 @@ class Channel:
     events: tuple[type[Event], ...] = ()
     payload: type[Any] | None = None
 
+    def parse(self, subject: str) -> dict[str, str] | None:
+        """The parameters of `subject` by name when it is one of this channel's, else None."""
+        return subjects.Pattern(self.pattern).parse(subject)
 
-CELL_OUTPUT_PATTERN = "fleet.callback.{interpreter}.output"
+
+CELL_OUTPUT_PATTERN = subjects.CELL_OUTPUT.text
 
 
 def cell_output_subject(interpreter: str) -> str:
     """Where the broker sends what a running cell of `interpreter`'s contexts prints."""
-    return f"{subjects.callback(interpreter)}.output"
+    return subjects.CELL_OUTPUT.build(interpreter=interpreter)
 
 
 class LiveDelta(msgspec.Struct, frozen=True, kw_only=True):
@@ -235,33 +238,33 @@ class LiveDelta(msgspec.Struct, frozen=True, kw_only=True):
 
 CHANNELS: tuple[Channel, ...] = (
     Channel(
-        "session-log", "fleet.session.{tenant}.{session}.log", "events", "SESSIONS",
+        "session-log", subjects.SESSION_LOG.text, "events", "SESSIONS",
         "session-level events: created, turns requested and ended, memory, documents",
         events=session.EVENTS,
     ),
     Channel(
-        "session-run", "fleet.session.{tenant}.{session}.run.{run}", "events", "SESSIONS",
+        "session-run", subjects.SESSION_RUN.text, "events", "SESSIONS",
         "one run's steps, written only by the replica executing that run",
         events=run.EVENTS,
     ),
     Channel(
-        "sandbox", "fleet.sandbox.{tenant}.{sandbox}", "events", "SANDBOXES",
+        "sandbox", subjects.SANDBOX.text, "events", "SANDBOXES",
         "a sandbox's lifecycle", events=sb.EVENTS,
     ),
     Channel(
-        "budget-tree", "fleet.budget.{tree}", "events", "BUDGET",
+        "budget-tree", subjects.BUDGET_TREE.text, "events", "BUDGET",
         "one recursive tree's ledger", events=budget.EVENTS,
     ),
     Channel(
-        "budget-tenant-day", "fleet.budget.tenant.{tenant}.{day}", "events", "BUDGET",
+        "budget-tenant-day", subjects.BUDGET_TENANT_DAY.text, "events", "BUDGET",
         "a tenant's daily ledger (charges and releases)", events=budget.EVENTS,
     ),
     Channel(
-        "quality", "fleet.quality.{kind}.{id}", "events", "QUALITY",
+        "quality", subjects.QUALITY.text, "events", "QUALITY",
         "datasets, evaluation runs, promotions", events=quality.EVENTS,
     ),
     Channel(
-        "work", "fleet.work.{service}.{kind}", "work", "WORK",
+        "work", subjects.WORK.text, "work", "WORK",
         "work items (turns, child runs, optimization runs), pulled by any replica and acked "
         "when done",
     ),
@@ -278,7 +281,7 @@ CHANNELS: tuple[Channel, ...] = (
         payload=run.ChildRunWork,
     ),
     Channel(
-        "live", "fleet.live.{tenant}.{session}", "live", None,
+        "live", subjects.LIVE.text, "live", None,
         "unpersisted deltas for watchers; everything that matters is also an event",
         payload=LiveDelta,
     ),
@@ -290,6 +293,15 @@ CHANNELS: tuple[Channel, ...] = (
         payload=sb.CellOutput,
     ),
 )  # fmt: skip
+
+
+def channel_of(subject: str) -> tuple[Channel, dict[str, str]] | None:
+    """The catalog's channel a concrete subject belongs to, with its parameters (the most
+    specific one: `fleet.work.agent.turn` is `agent-turn`, not the generic `work`)."""
+    found = [(c, p) for c in CHANNELS if (p := c.parse(subject)) is not None]
+    if not found:
+        return None
+    return min(found, key=lambda pair: len(pair[1]))
 
 
 def _cell(text: str) -> str:
@@ -306,11 +318,32 @@ def verb_markdown() -> str:
         if v.name == "ping" and v.service != subjects.SERVICES[0]:
             continue
         service = "every service" if v.name == "ping" else v.service
-        subject = "fleet.rpc.{service}.ping" if v.name == "ping" else v.pattern
+        subject = subjects.RPC.text.replace("{verb}", "ping") if v.name == "ping" else v.pattern
         types = f"`{v.request.__name__}` → `{v.reply.__name__}`"
         rows.append(
             f"| {service} | `{v.name}` | {v.scope} | `{subject}` | {types} | {_cell(v.summary)} |"
         )
+    return "\n".join(rows)
+
+
+def broker_markdown() -> str:
+    """The bus API table of docs/sandboxes.md: every verb the broker serves, who serves it,
+    and the two subjects it uses towards an interpreter."""
+    served_by = {
+        "service": "queue group (any replica)",
+        "sandbox": "only the replica holding `{sandbox}`",
+        "interpreter": "the interpreter owning the context",
+    }
+    rows = ["| subject | served by | request → reply | meaning |", "|---|---|---|---|"]
+    for v in (*verbs_of(sb.BROKER, "service"), *verbs_of(sb.BROKER, "sandbox"), TOOL_CALL):
+        types = f"`{v.request.__name__}` → `{v.reply.__name__}`"
+        rows.append(f"| `{v.pattern}` | {served_by[v.scope]} | {types} | {_cell(v.summary)} |")
+    output = next(c for c in CHANNELS if c.pattern == CELL_OUTPUT_PATTERN)
+    assert output.payload is not None
+    rows.append(
+        f"| `{output.pattern}` | {served_by['interpreter']} | `{output.payload.__name__}` "
+        f"(no reply) | {_cell(output.summary)} |"
+    )
     return "\n".join(rows)
 
 

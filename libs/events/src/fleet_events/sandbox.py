@@ -14,18 +14,18 @@ from typing import Any, Literal
 
 import msgspec
 
+from fleet_events import subjects
 from fleet_events.envelope import BlobRef, Event
-from fleet_events.ids import check_id
 
 BROKER = "sandbox-broker"
 
 
 def sandbox_subject(tenant: str, sandbox: str) -> str:
-    return f"fleet.sandbox.{check_id('tenant', tenant)}.{check_id('sandbox', sandbox)}"
+    return subjects.SANDBOX.build(tenant=tenant, sandbox=sandbox)
 
 
 def tenant_filter(tenant: str) -> str:
-    return f"fleet.sandbox.{check_id('tenant', tenant)}.*"
+    return subjects.SANDBOX.filter(tenant=tenant)
 
 
 # -- capabilities and limits ---------------------------------------------------------------

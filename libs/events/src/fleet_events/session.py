@@ -9,23 +9,20 @@ from fleet_events.llm import LLM_FAILURES
 
 
 def log_subject(tenant: str, session: str) -> str:
-    return f"fleet.session.{check_id('tenant', tenant)}.{check_id('session', session)}.log"
+    return subjects.SESSION_LOG.build(tenant=tenant, session=session)
 
 
 def run_subject(tenant: str, session: str, run: str) -> str:
-    return (
-        f"fleet.session.{check_id('tenant', tenant)}.{check_id('session', session)}"
-        f".run.{check_id('run', run)}"
-    )
+    return subjects.SESSION_RUN.build(tenant=tenant, session=session, run=run)
 
 
 def session_filter(tenant: str, session: str) -> str:
     """Every subject of one session (its log and all its runs), replayed in stream order."""
-    return f"fleet.session.{check_id('tenant', tenant)}.{check_id('session', session)}.>"
+    return subjects.session_scope(tenant, session)
 
 
 def tenant_filter(tenant: str) -> str:
-    return f"fleet.session.{check_id('tenant', tenant)}.>"
+    return subjects.tenant_scope(tenant)
 
 
 class SessionCreated(Event, frozen=True, kw_only=True, tag="session.created"):

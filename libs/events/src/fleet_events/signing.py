@@ -25,6 +25,8 @@ from typing import Any
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
+from fleet_events import subjects
+
 SIG_HEADER = "Fleet-Sig"
 KEY_HEADER = "Fleet-Key"
 
@@ -293,15 +295,7 @@ class Checkpoint:
 GENESIS_CHECKPOINT = "0" * 64
 
 
-def subject_matches(filter_subject: str, subject: str) -> bool:
-    """NATS subject matching: `*` is one token, a final `>` one or more."""
-    want, have = filter_subject.split("."), subject.split(".")
-    for index, part in enumerate(want):
-        if part == ">":
-            return len(have) > index
-        if index >= len(have) or (part != "*" and part != have[index]):
-            return False
-    return len(want) == len(have)
+subject_matches = subjects.matches
 
 
 def checkpoint_chain_problem(checkpoints: Iterable[Checkpoint], keys: KeySet) -> str | None:

@@ -6,6 +6,8 @@ Plain data, so the bootstrap (fleet_mesh) and the docs test read the same defini
 from dataclasses import dataclass
 from typing import Literal
 
+from fleet_events import subjects as spaces
+
 
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
@@ -36,15 +38,21 @@ class ObjectStoreSpec:
 
 SESSIONS = StreamSpec(
     "SESSIONS",
-    ("fleet.session.>",),
+    (spaces.SESSIONS_ALL,),
     description="authoritative session logs: .log per session, .run.<run> per run",
 )
-SANDBOXES = StreamSpec("SANDBOXES", ("fleet.sandbox.>",), description="sandbox lifecycle")
-BUDGET = StreamSpec("BUDGET", ("fleet.budget.>",), description="ledger of each recursive tree")
-QUALITY = StreamSpec("QUALITY", ("fleet.quality.>",), description="datasets, runs, promotions")
+SANDBOXES = StreamSpec(
+    "SANDBOXES", (spaces.stream_scope("sandbox"),), description="sandbox lifecycle"
+)
+BUDGET = StreamSpec(
+    "BUDGET", (spaces.stream_scope("budget"),), description="ledger of each recursive tree"
+)
+QUALITY = StreamSpec(
+    "QUALITY", (spaces.stream_scope("quality"),), description="datasets, runs, promotions"
+)
 WORK = StreamSpec(
     "WORK",
-    ("fleet.work.>",),
+    (spaces.stream_scope("work"),),
     retention="workqueue",
     allow_atomic=False,
     description="turns, child runs, optimization runs: pulled by any replica",
@@ -95,18 +103,21 @@ class ConsumerSpec:
     max_deliver: int = -1
     max_ack_pending: int = 10_000
     description: str = ""
+    deliver: Literal["all", "new"] = "all"
+    """Where a new consumer starts: the first stored message, or the first stored after it
+    is created (an exporter that only cares about what happens from now on)."""
 
 
 TURN_DISPATCH = ConsumerSpec(
     SESSIONS.name,
     "agent-turn-dispatch",
-    "fleet.session.*.*.log",
+    spaces.SESSION_LOGS,
     description="the agent's dispatcher: each TurnRequested on a session log becomes a work item",
 )
 TURN_WORKERS = ConsumerSpec(
     WORK.name,
     "agent-turn",
-    "fleet.work.agent.turn",
+    spaces.work("agent", "turn"),
     # One delivery more than the attempts allowed (fleet_agent.config.AgentSettings.max_attempts):
     # the last one only records the poison turn's TurnFailed.
     max_deliver=4,
@@ -115,7 +126,7 @@ TURN_WORKERS = ConsumerSpec(
 CHILD_RUN_WORKERS = ConsumerSpec(
     WORK.name,
     "agent-child-run",
-    "fleet.work.agent.child_run",
+    spaces.work("agent", "child_run"),
     # A redelivery finds the run started and records it failed (no resume yet, issue 16):
     # three deliveries cover a dead holder and a death while recording that.
     max_deliver=3,

@@ -94,7 +94,7 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
         durable_name=spec.durable,
         description=spec.description,
         filter_subject=spec.filter_subject,
-        deliver_policy=DeliverPolicy.ALL,
+        deliver_policy=DeliverPolicy.ALL if spec.deliver == "all" else DeliverPolicy.NEW,
         ack_policy=AckPolicy.EXPLICIT,
         ack_wait=spec.ack_wait_s,
         max_deliver=spec.max_deliver,

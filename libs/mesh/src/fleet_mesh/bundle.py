@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet_events import subjects
 from fleet_events.chain import ChainFault, ChainVerifier
 from fleet_events.seal import SEAL_KIND, Seal, unsigned_seal
 from fleet_events.signing import (
@@ -32,7 +33,6 @@ from fleet_events.signing import (
 from fleet_mesh.offline import checkpoint_fault
 
 BLOB_KIND = "blob"
-SESSION_PREFIX = "fleet.session."
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +114,8 @@ class Sealer:
 
 def session_filter_of(subject: str) -> str | None:
     """`fleet.session.<tenant>.<session>.>` for a subject of a session, else None."""
-    parts = subject.split(".")
-    if len(parts) >= 5 and subject.startswith(SESSION_PREFIX):
-        return ".".join(parts[:4]) + ".>"
-    return None
+    where = subjects.parse_session(subject)
+    return None if where is None else where.scope
 
 
 def _fault(row: EventRow | None, reason: str) -> ChainFault:

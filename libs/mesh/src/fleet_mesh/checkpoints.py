@@ -10,17 +10,23 @@ hashes, so the verifier names it. An admin purge goes through `purge` (one subje
 `fleet_events.bus.PURGE_SESSION` by `serve_purges`): a receipt in a signed checkpoint
 first, then the purge, so the removed events stay accounted for.
 
-Run as its own process (`python -m fleet_mesh.checkpoints`), the only one given the key.
+Run as its own process (`python -m fleet_mesh.checkpoints`, on `fleet_mesh.service.run`: it
+stops on SIGTERM or SIGINT), the only one given the key; `fleet up` runs the same setup in its
+own process (`fleet_cli.keys.checkpointing`, on `service.running`).
 """
 
 import asyncio
 import contextlib
 import logging
 import os
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleet_events import bus, streams, utc_now
 from fleet_events.chain import HASH_HEADER, PREV_HEADER, ChainVerifier
@@ -37,12 +43,17 @@ from fleet_events.signing import (
     checkpoint_chain_problem,
 )
 from fleet_events.streams import StreamSpec
-from fleet_mesh import rpc
+from fleet_mesh import rpc, service
 from fleet_mesh.keyfiles import read_keyset, read_signer
-from fleet_mesh.store import EventStore
+from fleet_mesh.service import ServiceContext
+from fleet_mesh.settings import BadSetting, read_settings
+from fleet_mesh.store import EventStore, open_store
 from fleet_mesh.store.headers import MSG_ID
 
 log = logging.getLogger("fleet.checkpoints")
+
+ROLE = bus.PURGE_SESSION.service
+"""The process's name on the bus: a role, no service (`fleet_events.subjects.ROLES`)."""
 
 CHECKPOINT_KEY_ENV = "FLEET_CHECKPOINT_KEY"
 KEYSET_ENV = "FLEET_KEYSET"
@@ -251,34 +262,60 @@ async def serve_purges(nc: Client, checkpointer: Checkpointer) -> rpc.Served:
     return await rpc.serve_verb(nc, bus.PURGE_SESSION, purge, concurrency=1)
 
 
-def _settings() -> tuple[Signer, KeySet, Path]:
-    """Read once, before the loop starts: the key, the pinned key set, the checkpoint dir."""
-    signer = read_signer(Path(os.environ[CHECKPOINT_KEY_ENV]))
-    keys = read_keyset(Path(os.environ[KEYSET_ENV]))
-    directory = Path(os.environ[CHECKPOINT_DIR_ENV])
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return signer, keys, directory
+class CheckpointerSettings(BaseSettings):
+    """What the checkpointer process is given, read once at its start: its key, the pinned
+    key set, the directory of its checkpoint file, and the period."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", env_ignore_empty=True)
+
+    key: Path = Field(validation_alias=CHECKPOINT_KEY_ENV)
+    keyset: Path = Field(validation_alias=KEYSET_ENV)
+    directory: Path = Field(validation_alias=CHECKPOINT_DIR_ENV)
+    interval_s: float = Field(default=10.0, gt=0, validation_alias=INTERVAL_ENV)
 
 
-async def main() -> None:  # pragma: no cover - the process entry point
-    from fleet_mesh.connection import connect
-    from fleet_mesh.store import open_store
+def checkpointer_setup(
+    signer: Signer,
+    keys: KeySet,
+    directory: Path,
+    interval_s: float,
+    *,
+    started: Callable[[Checkpointer], None] = lambda _: None,
+) -> Callable[[ServiceContext], Awaitable[None]]:
+    """The checkpointer as a process on `fleet_mesh.service`: on start it vouches for its file
+    (a chain it cannot verify stops the start), checkpoints every `interval_s` and serves
+    `PURGE_SESSION`; on stop the purges end first, then the loop, at a checkpoint's edge."""
 
-    logging.basicConfig(level=logging.INFO)
-    signer, keys, directory = _settings()
-    nc = await connect(os.environ.get("NATS_URL", "nats://127.0.0.1:4222"), name="checkpointer")
-    js = nc.jetstream()
-    store = await open_store(js, streams.SESSIONS)
-    path = checkpoint_file(directory, streams.SESSIONS.name)
-    checkpointer = Checkpointer(store, streams.SESSIONS, signer, keys, path, js=js)
-    stop = asyncio.Event()
-    purges = await serve_purges(nc, checkpointer)
+    async def setup(ctx: ServiceContext) -> None:
+        store = await open_store(ctx.js, streams.SESSIONS, signer=None)
+        path = checkpoint_file(directory, streams.SESSIONS.name)
+        checkpointer = Checkpointer(store, streams.SESSIONS, signer, keys, path, js=ctx.js)
+        stop = asyncio.Event()
+        loop = asyncio.create_task(checkpointer.run(interval_s, stop), name="checkpoints")
+
+        async def halt() -> None:
+            stop.set()
+            await loop
+
+        ctx.on_stop.append(halt)
+        ctx.served.append(await serve_purges(ctx.nc, checkpointer))
+        started(checkpointer)
+
+    return setup
+
+
+def main() -> None:  # pragma: no cover - the process entry point (tests run `checkpointer_setup`)
+    """`python -m fleet_mesh.checkpoints`: the checkpointer alone, stopped by SIGTERM/SIGINT.
+    A bad setting or a key that cannot be read ends it before it connects, with one line."""
     try:
-        await checkpointer.run(float(os.environ.get(INTERVAL_ENV, "10")), stop)
-    finally:
-        await purges.stop()
-        await nc.close()
+        settings = read_settings(CheckpointerSettings)
+        signer = read_signer(settings.key)
+        keys = read_keyset(settings.keyset)
+        settings.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except (BadSetting, SigningError, OSError) as exc:
+        sys.exit(f"{ROLE}: {exc}")
+    service.run(ROLE, checkpointer_setup(signer, keys, settings.directory, settings.interval_s))
 
 
 if __name__ == "__main__":  # pragma: no cover
-    asyncio.run(main())
+    main()

@@ -1,7 +1,11 @@
-"""The common life of a service process: connect, answer ping, serve, stop on SIGTERM.
+"""The common life of a service process: connect, answer ping, serve, consume, stop on SIGTERM.
 
-Each service's `app.py` gives a `setup(ctx)` coroutine that registers its subscriptions on
-`ctx`; `run(...)` is the whole process. Nothing connects at import time.
+Each service's `app.py` gives a `setup(ctx)` coroutine that registers what it serves
+(`ctx.serve(verb, handler)`) and the durable consumers it takes work from
+(`ctx.consume(spec, handler)`) on `ctx`; `run(...)` is the whole process. Everything registered
+stops with the service, in the reverse order of its start. Nothing connects at import time.
+A role that is no service (the checkpointer, `fleet_events.subjects.ROLES`) runs the same way
+and answers no ping.
 """
 
 import asyncio
@@ -18,11 +22,13 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from fleet_events import Actor, bus
+from fleet_events import Actor, bus, subjects
 from fleet_events.bus import Ping, Pong, Verb
+from fleet_events.streams import ConsumerSpec
 from fleet_mesh import logs, rpc
 from fleet_mesh.connection import connect, server_address
 from fleet_mesh.settings import BadSetting, MeshSettings, load_settings
+from fleet_mesh.work import Handler, WorkConsumer
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
@@ -39,6 +45,7 @@ class ServiceContext:
     log: logging.Logger
     started: float = field(default_factory=time.monotonic)
     served: list[rpc.Served] = field(default_factory=list)
+    consumers: list[WorkConsumer] = field(default_factory=list)
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     ping_details: Callable[[], dict[str, Any]] = field(default=dict)
 
@@ -64,6 +71,35 @@ class ServiceContext:
         )
         self.served.append(served)
         return served
+
+    async def consume(
+        self,
+        spec: ConsumerSpec,
+        handler: Handler,
+        *,
+        slots: int = 1,
+        batch: int = 1,
+        sync_ack: bool = True,
+        progress_every_s: float | None = None,
+        poll_s: float = 5.0,
+        grace_s: float = 5.0,
+    ) -> WorkConsumer:
+        """Take messages from a shared durable consumer until the service stops: the consumer
+        is brought in line with `spec` (ack deadline, delivery bound), each message goes to
+        `handler` in one of `slots`, and is settled as it answers (`fleet_mesh.work`). On
+        stop, running handlers get `grace_s` before their messages are handed back."""
+        consumer = WorkConsumer(
+            self.js, spec, handler, slots=slots, log=self.log, progress_every_s=progress_every_s,
+            poll_s=poll_s, batch=batch, sync_ack=sync_ack,
+        )  # fmt: skip
+        await consumer.start()
+        self.consumers.append(consumer)
+
+        async def stop() -> None:
+            await consumer.stop(grace_s)
+
+        self.on_stop.append(stop)
+        return consumer
 
 
 @contextlib.asynccontextmanager
@@ -94,7 +130,8 @@ async def running(
     try:
         await setup(ctx)
         # Ping last: a service that answers ping has every subscription of its setup live.
-        await ctx.serve(bus.ping(name), pong)
+        if name in subjects.SERVICES:
+            await ctx.serve(bus.ping(name), pong)
         log.info("started", extra={"server": server_address(nc)})
         yield ctx
     finally:

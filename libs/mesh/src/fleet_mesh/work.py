@@ -11,12 +11,19 @@ gets it), and a message is settled exactly as the handler says:
 - `Settle.TERM`: never deliver it again (it can never be handled: malformed).
 - `Settle.LEAVE`: touch nothing. The delivery is no longer ours (another replica took over
   after our ack deadline passed): acking it would ack the new owner's delivery.
+- `Retry(delay_s)`: give it back to be delivered again after `delay_s` (a collector that
+  refused it now may take it later).
 
 While a handler runs, `in_progress` is sent every `progress_every_s` (a third of the ack
 deadline by default), so a long handler is not redelivered while its replica lives; a replica
 that dies or freezes stops sending, and the message goes to another replica after `ack_wait`.
 A handler that raises is logged and its message redelivered after the ack deadline (NAK with a
-delay, never a tight loop); `max_deliver` bounds how often.
+delay, never a tight loop); `max_deliver` bounds how often. A fetch that fails for another
+reason than an empty queue (the consumer gone with a server's store, a connection down) is
+followed by a pause and the consumer created again from its spec, so a consumer outlives both.
+
+`ServiceContext.consume(spec, handler, ...)` is how a service starts one: it stops with the
+service.
 """
 
 import asyncio
@@ -53,7 +60,14 @@ class Delivery:
     """The server's delivery count: 1 the first time, more after redeliveries."""
 
 
-Handler = Callable[[Delivery], Awaitable[Settle]]
+@dataclass(frozen=True)
+class Retry:
+    """Deliver it again, to any replica, after `delay_s` (NAK with a delay)."""
+
+    delay_s: float
+
+
+Handler = Callable[[Delivery], Awaitable[Settle | Retry]]
 
 
 @dataclass
@@ -85,9 +99,17 @@ class WorkConsumer:
         log: logging.Logger,
         progress_every_s: float | None = None,
         poll_s: float = 5.0,
+        batch: int = 1,
+        sync_ack: bool = True,
     ) -> None:
+        """`batch`: messages fetched per free slot, handled one after another in it (a
+        consumer that mostly acks what it skips costs one round trip per batch, not per
+        message). `sync_ack`: an ack waits for the server's confirmation before the slot is
+        free (a turn's end); without, it is sent and the next message taken at once."""
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
         self._js = js
         self._spec = spec
         self._handler = handler
@@ -96,6 +118,8 @@ class WorkConsumer:
         self._log = log
         self._progress_every = progress_every_s or spec.ack_wait_s / 3
         self._poll = poll_s
+        self._batch = batch
+        self._sync_ack = sync_ack
         self._loop: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -112,7 +136,7 @@ class WorkConsumer:
         while not self._stopping:
             await self._slots.acquire()
             try:
-                msgs = await sub.fetch(1, timeout=self._poll)
+                msgs = await sub.fetch(self._batch, timeout=self._poll)
             except (TimeoutError, NatsTimeout):
                 self._slots.release()
                 continue
@@ -123,18 +147,40 @@ class WorkConsumer:
                 self._slots.release()
                 self._log.warning("fetch failed", exc_info=True)
                 await asyncio.sleep(min(1.0, self._poll))  # a broken connection: do not spin
+                await self._recreate()
                 continue
+            task = asyncio.create_task(self._handle_all(msgs))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _recreate(self) -> None:
+        """The consumer again from its spec, if it is gone (an existing one is left as it is)."""
+        try:
+            await ensure_consumer(self._js, self._spec, update=True)
+        except Exception as exc:  # still no server: the next fetch fails and comes back here
+            self._log.warning("consumer not recreated", extra={"error": type(exc).__name__})
+
+    async def _handle_all(self, msgs: list[Msg]) -> None:
+        """A fetched batch, in order; once stopping, what is left goes back at once (NAK)."""
+        handed = 0
+        try:
             for msg in msgs:
-                task = asyncio.create_task(self._handle(msg))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                if self._stopping:
+                    break
+                handed += 1
+                await self._handle(msg)
+        finally:
+            for rest in msgs[handed:]:
+                with contextlib.suppress(Exception):
+                    await rest.nak()
+            self._slots.release()
 
     async def _handle(self, msg: Msg) -> None:
         self.stats.running += 1
         self.stats.peak = max(self.stats.peak, self.stats.running)
         self.stats.note_busy()
         progress = asyncio.create_task(self._report_progress(msg))
-        settle = Settle.NAK
+        settle: Settle | Retry = Settle.NAK
         try:
             meta = msg.metadata
             delivery = Delivery(
@@ -162,7 +208,6 @@ class WorkConsumer:
                 await self._settle(msg, settle)
             self.stats.running -= 1
             self.stats.handled += 1
-            self._slots.release()
 
     def lend_slot(self) -> None:
         """A running handler gives its slot back while it waits on work it published itself
@@ -178,9 +223,11 @@ class WorkConsumer:
         self.stats.lent -= 1
         self.stats.note_busy()
 
-    async def _settle(self, msg: Msg, settle: Settle) -> None:
-        if settle is Settle.ACK:
-            await msg.ack_sync()
+    async def _settle(self, msg: Msg, settle: "Settle | Retry") -> None:
+        if isinstance(settle, Retry):
+            await msg.nak(delay=settle.delay_s)
+        elif settle is Settle.ACK:
+            await (msg.ack_sync() if self._sync_ack else msg.ack())
         elif settle is Settle.NAK:
             await msg.nak()
         elif settle is Settle.TERM:

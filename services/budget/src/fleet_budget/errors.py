@@ -1,5 +1,7 @@
 """One error root for the budget service; each family maps to one RPC error code."""
 
+from fleet_events import bus
+
 
 class BudgetError(Exception):
     code = "budget_error"
@@ -17,7 +19,7 @@ class UnknownTree(BudgetError):
     def __init__(self, tree: str) -> None:
         super().__init__(
             f"unknown tree {tree!r}: no tree with this id was opened; open it first with "
-            "fleet.rpc.budget.open (the agent opens one tree per turn)"
+            f"{bus.OPEN_TREE.subject()} (the agent opens one tree per turn)"
         )
 
 

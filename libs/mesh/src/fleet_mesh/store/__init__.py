@@ -7,6 +7,7 @@
 - Replay of a subject or a wildcard (stream order) from a sequence, live subscription
   (`reads`); snapshot + tail loading, ignoring snapshots of another fold version
   (`snapshots`); verification and verbatim export (`audit`).
+- Waiting for the next events of given types after a sequence, with no gap (`watch`).
 
 `EventStore` is all of them over one connection. The rules that need no server (headers and
 chain links, the read-back comparison, snapshot keys and validity, export lines) are pure
@@ -45,6 +46,7 @@ from fleet_mesh.store.readback import BATCH_DUPLICATE_ID, WRONG_LAST_SEQUENCE
 from fleet_mesh.store.reads import READ_BATCH
 from fleet_mesh.store.records import verify_export
 from fleet_mesh.store.snapshots import Snapshots
+from fleet_mesh.store.watch import Watch, Watches
 
 __all__ = [
     "BATCH_DUPLICATE_ID",
@@ -65,14 +67,15 @@ __all__ = [
     "StoreUnavailable",
     "StoredEvent",
     "Verification",
+    "Watch",
     "WrongSubject",
     "open_store",
     "verify_export",
 ]
 
 
-class EventStore(Appender, Snapshots, Auditor):
-    """Appends, reads, snapshots and audits of one stream, over one connection."""
+class EventStore(Appender, Snapshots, Auditor, Watches):
+    """Appends, reads, watches, snapshots and audits of one stream, over one connection."""
 
 
 async def open_store(

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from fleet_events import Envelope
+from fleet_events import Envelope, subjects
 from fleet_events.run import LlmCalled
 from fleet_events.session import (
     CancelRequested,
@@ -74,12 +74,8 @@ def stamp(ts: datetime) -> str:
 
 def where(subject: str) -> tuple[str, str, bool] | None:
     """(tenant, session, is the session's `.log`) of a session subject, else None."""
-    parts = subject.split(".")
-    if len(parts) == 5 and parts[4] == "log":
-        return parts[2], parts[3], True
-    if len(parts) == 6 and parts[4] == "run":
-        return parts[2], parts[3], False
-    return None
+    found = subjects.parse_session(subject)
+    return None if found is None else (found.tenant, found.session, found.is_log)
 
 
 def _ensure_session(

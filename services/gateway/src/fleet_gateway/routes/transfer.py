@@ -36,7 +36,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel, Field
 
-from fleet_events import bus, new_id
+from fleet_events import bus, new_id, subjects
 from fleet_events.chain import HASH_HEADER
 from fleet_events.codec import CodecError
 from fleet_events.envelope import BlobRef, Offloaded
@@ -211,7 +211,9 @@ async def import_session(
     if not bundle.ok:
         raise _refused(bundle, pinned is not None)
     h = await session_log(request)
-    source_tenant, source_session = bundle.events[0].subject.split(".")[2:4]
+    source = subjects.parse_session(bundle.events[0].subject)
+    assert source is not None  # read_bundle refuses a bundle of no one session
+    source_tenant, source_session = source.tenant, source.session
     folded: list[Folded] = []
     for row in bundle.events:
         try:

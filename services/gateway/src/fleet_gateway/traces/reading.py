@@ -11,12 +11,11 @@ from typing import Any, Protocol
 
 from cachetools import LRUCache
 
-from fleet_events import Envelope, run, session
+from fleet_events import Envelope, run, session, subjects
 from fleet_events.binding import subject_tenant
 from fleet_events.chain import TYPE_HEADER
 from fleet_events.codec import Codec, CodecError
 from fleet_events.envelope import Event, Offloaded
-from fleet_events.ids import check_id
 from fleet_mesh.store import EventStore, RawEvent, StoreError
 
 
@@ -113,7 +112,7 @@ async def run_events(
     store: EventStore, codec: Codec, tenant: str, run_id: str
 ) -> list[Envelope[Any]]:
     """One run's events, wherever in the tenant's sessions it ran (a run id is unique)."""
-    subject = f"fleet.session.{check_id('tenant', tenant)}.*.run.{check_id('run', run_id)}"
+    subject = subjects.SESSION_RUN.filter(tenant=tenant, run=run_id)
     types = frozenset(_tag(kind) for kind in run.EVENTS)
     return (await _decoded(store, codec, subject, types))[0]
 

@@ -17,6 +17,13 @@ import msgspec
 from fleet_sandbox_broker.errors import ProtocolViolation, TooLarge
 
 HEADER = struct.Struct(">I")
+CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
+CREDENTIALS_SPACE = socket.CMSG_SPACE(CREDENTIALS.size)
+
+
+def _set_done(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Frame(msgspec.Struct, frozen=True, kw_only=True, tag_field="t"):
@@ -187,8 +194,12 @@ class Channel:
 
     def __init__(self, sock: socket.socket, max_frame: int) -> None:
         sock.setblocking(False)
+        # the kernel attaches the sender's pid to what it reads, translated into this
+        # process's pid namespace: a sandbox's own getpid() is its namespace's number
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.sock = sock
         self.max_frame = max_frame
+        self.peer_pid: int | None = None  # who sent the last bytes read, as the host names it
         self._buf = bytearray()
         self._send_lock = asyncio.Lock()
 
@@ -229,12 +240,31 @@ class Channel:
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     raise ProtocolViolation(f"the sandbox sent a malformed frame: {exc}") from exc
             try:
-                data = await loop.sock_recv(self.sock, 1 << 20)
+                data = await self._recv(loop)
             except (ConnectionResetError, OSError):
                 return
             if not data:
                 return
             self._buf += data
+
+    async def _recv(self, loop: asyncio.AbstractEventLoop) -> bytes:
+        while True:
+            try:
+                data, ancillary, _flags, _addr = self.sock.recvmsg(1 << 20, CREDENTIALS_SPACE)
+            except (BlockingIOError, InterruptedError):
+                fd = self.sock.fileno()
+                readable = loop.create_future()
+                loop.add_reader(fd, _set_done, readable)
+                try:
+                    await readable
+                finally:
+                    if self.sock.fileno() == fd:  # else `close` has unregistered it
+                        loop.remove_reader(fd)
+                continue
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    self.peer_pid = CREDENTIALS.unpack_from(payload)[0]
+            return data
 
     def close(self) -> None:
         # Unregister before closing: a pending sock_recv left in the selector would read from

@@ -1,7 +1,7 @@
 """How a local sandbox process is started: its namespaces, its filesystem view, its
 environment, its first frame.
 
-    unshare --net --mount -- /bin/sh setup.sh <root> <show> <etc> <hide> [volume binds] -- \
+    unshare --net --mount --pid --fork -- /bin/sh setup.sh <root> <show> <hide> [binds] -- \
         setpriv --reuid=U --regid=U --clear-groups --no-new-privs --bounding-set=-all \
         --inh-caps=-all /usr/bin/python3 -I <root>/<id>/runner.py
 
@@ -9,6 +9,10 @@ environment, its first frame.
   the outside are unreachable;
 - its own mount namespace (setup.sh) whose root is built by allow-list (SHOW, ETC), with the
   workspace and volumes nosuid,nodev;
+- its own pid namespace, shared by its fork family: the runner forks itself at start and
+  stays behind as the namespace's init (runner.py, `be_init`), and `/proc` is the
+  namespace's own, so a sandbox sees its family's processes and nothing else;
+- a seccomp filter the runner installs before anything else runs (confine.py);
 - a uid of its own (one per fork family, from a pool), no groups, no capabilities, no way to
   regain privileges;
 - an environment built from nothing (PATH, HOME, TMPDIR, LANG, MALLOC_ARENA_MAX);
@@ -61,7 +65,7 @@ mkdir -p "$N/etc" "$N/proc" "$N/dev" "$N/tmp" "$N$R" $MADE
 if [ -n "$LINKS" ]; then cp -P --parents $LINKS "$N"; fi
 for d in $DIRS; do mount --rbind "$d" "$N$d"; done
 mount --rbind /proc/self/fd/8/.broker/etc "$N/etc"
-mount --rbind /proc "$N/proc"
+mount -t proc -o nosuid,nodev,noexec proc "$N/proc"
 mount -t tmpfs -o size=16k,mode=755,nosuid,noexec tmpfs "$N/dev"
 cp -a $DEV "$N/dev/"
 mount -o remount,ro,bind "$N/dev"
@@ -167,7 +171,7 @@ def argv(
     for target, source in binds.items():
         pairs += [str(source), str(directory / "workspace" / target)]
     return [
-        "unshare", "--net", "--mount", "--", "/bin/sh", str(setup),
+        "unshare", "--net", "--mount", "--pid", "--fork", "--", "/bin/sh", str(setup),
         str(root), " ".join(show), " ".join(hide), *pairs, "--",
         "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
         "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all",

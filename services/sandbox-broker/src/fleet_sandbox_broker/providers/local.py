@@ -8,8 +8,11 @@ them: settings, uid families, create, fork, clone, discard.
 """
 
 import asyncio
+import contextlib
 import os
+import signal
 import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +111,9 @@ class LocalProvider:
         self._uids = UidPool(settings.uid_locks, settings.uid_base, settings.uid_count)
         self._uids.record_leftovers(root)
         self._families: dict[int, int] = {}
+        # per family: the process that holds its pid namespace (`unshare`, in a process group
+        # of its own with the namespace's init)
+        self._namespaces: dict[int, subprocess.Popen[bytes]] = {}
 
     def family_join(self, uid: int) -> None:
         self._families[uid] = self._families.get(uid, 0) + 1
@@ -130,6 +136,9 @@ class LocalProvider:
             self._families[uid] = left
             return
         self._families.pop(uid, None)
+        namespace = self._namespaces.pop(uid, None)
+        if namespace is not None:
+            await asyncio.to_thread(end_namespace, namespace)
         await asyncio.to_thread(self._uids.release, uid)  # the sweep runs a process
 
     async def create(
@@ -162,6 +171,7 @@ class LocalProvider:
         finally:
             theirs.close()  # the process has its own copy
         self.family_join(uid)
+        self._namespaces[uid] = process
         channel = frames.Channel(mine, self.settings.max_frame)
         sandbox = LocalSandbox(self, sandbox_id, uid, limits, channel, process)
         sandbox.start_reading()
@@ -178,6 +188,8 @@ class LocalProvider:
             await sandbox.wait_ready(self.settings.start_timeout_s)
         except BaseException:
             await sandbox.stop("failed to start", "exited")
+            if sandbox.pid is None:  # it never joined as a running member (`LocalSandbox._stop`)
+                await self.family_leave(uid)
             raise
         return sandbox
 
@@ -198,6 +210,26 @@ class LocalProvider:
 
     async def close(self) -> None:
         pass
+
+
+def end_namespace(holder: "subprocess.Popen[bytes]") -> None:
+    """SIGKILL the init of a family's pid namespace, the one child of `holder` (`unshare
+    --fork`, which waits for it): its death takes every process in the namespace (a signal
+    from an ancestor namespace is the one kind an init cannot ignore). `unshare` reaps it and
+    exits; killing `unshare` too would leave the dead init to the host's init to reap."""
+    try:
+        children = Path(f"/proc/{holder.pid}/task/{holder.pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(child), signal.SIGKILL)
+    try:
+        holder.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(10)
 
 
 def _keeps_the_contract(provider: LocalProvider, sandbox: LocalSandbox) -> tuple[Provider, Sandbox]:

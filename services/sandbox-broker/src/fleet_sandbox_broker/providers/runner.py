@@ -49,6 +49,7 @@ INTERRUPT_GRACE_S = 0.5
 STREAM_EVERY_S = 0.1  # a streaming cell's printed output goes out at most this often
 STREAM_CHUNK = 16384  # characters per `out` frame
 INTERRUPTED = "the cell was interrupted; the sandbox and its variables are kept"
+PR_SET_DUMPABLE = 4
 
 
 class Submission(BaseException):
@@ -908,7 +909,52 @@ def interruptible_sleep(runner: Runner) -> Any:
     return sleep
 
 
+def confine() -> None:
+    """The seccomp filter (confine.py, beside this file) before anything else runs: every
+    process of the sandbox descends from this one and inherits it. A runner that cannot
+    install it exits, so the sandbox never starts unconfined."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confine.py")
+    spec = importlib.util.spec_from_file_location("fleet_confine", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"runner: cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install()
+    if not module.installed():
+        raise SystemExit("runner: the seccomp filter is not in force")
+
+
+def be_init() -> None:
+    """PID 1 of the fork family's pid namespace: the runner forks itself at start and the
+    parent stays behind as init, so the family outlives any one member (a fork whose parent
+    was stopped is re-parented here and keeps running). It only reaps; it holds no channel,
+    runs no user code, and has no signal handlers, so nothing inside the namespace can
+    signal it (the kernel drops what an init has no handler for). It exits once the
+    namespace is empty; the broker ends the family sooner by SIGKILLing its process group
+    from outside (local.py, `family_leave`), which takes every process in the namespace."""
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGXCPU):
+        signal.signal(number, signal.SIG_DFL)
+    # not dumpable: its /proc entries (mem, environ) are closed to the family's own uid
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            os._exit(0)
+
+
 def main() -> None:
+    confine()
+    if os.getpid() == 1:
+        if os.fork() != 0:
+            be_init()
+        os.setsid()  # a group of its own: the broker's stop of this member is a killpg
     sock = socket.socket(fileno=os.dup(0))
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)

@@ -146,22 +146,16 @@ class LocalSandbox:
             log.exception("sandbox reader failed", extra={"sandbox": self.id})
             reason, limit = f"broker error reading the sandbox: {exc!r}", "protocol"
         if self._reason is None:
-            if limit == "exited" and self._process is not None:
-                code = await asyncio.to_thread(self._wait_exit)
-                if code is not None and code < 0:
-                    reason = f"the sandbox process was killed by signal {-code}"
             await self.stop(reason, limit)
-
-    def _wait_exit(self) -> int | None:
-        assert self._process is not None
-        try:
-            return self._process.wait(2)
-        except subprocess.TimeoutExpired:
-            return None
 
     async def _dispatch(self, frame: Any) -> tuple[str, str] | None:
         match frame:
-            case frames.Ready(pid=pid):
+            case frames.Ready():
+                # the pid the kernel vouched for, as the host names it (the frame's own is the
+                # family's pid namespace's number)
+                pid = self._channel.peer_pid
+                if pid is None:
+                    raise ProtocolViolation("the sandbox's ready frame came without credentials")
                 if not self._ready.done():
                     self._ready.set_result(pid)
             case frames.ToolRequest():
@@ -533,10 +527,8 @@ class LocalSandbox:
             if not pending.future.done():
                 pending.future.set_exception(SandboxStopped(reason))
                 pending.future.exception()
-        if self._process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(self._process.wait, 5)
         if self.pid is not None:
+            # the family's last member takes its pid namespace with it (local.py)
             await self._provider.family_leave(self.uid)
         for hook in self.on_stop:
             await hook(self)

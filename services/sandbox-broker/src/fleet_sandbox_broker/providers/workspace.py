@@ -21,7 +21,8 @@ from fleet_sandbox_broker.providers.uids import chown_tree
 
 log = logging.getLogger("fleet.sandbox.local")
 
-RUNNER = Path(__file__).with_name("runner.py")
+# what runs inside a sandbox (stdlib only), copied into each sandbox's root-owned directory
+RUNNER_FILES = tuple(Path(__file__).with_name(name) for name in ("runner.py", "confine.py"))
 
 # Clones into a sandbox's workspace as its uid. $1 workspace, $2 a bundle of a local source
 # or "", $3 uid, $4 URL, $5 ref (already checked: never an option). The workspace and the
@@ -65,8 +66,9 @@ def make_dirs(directory: Path, uid: int, mountpoints: list[str], revive: bool) -
         (directory / "workspace" / target).mkdir(mode=0o700, parents=True, exist_ok=True)
     chown_tree(directory / "workspace", uid)
     chown_tree(directory / "tmp", uid)
-    with contextlib.suppress(FileNotFoundError):
-        os.chmod(directory / "runner.py", 0o600)
+    for source in RUNNER_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(directory / source.name, 0o600)
     install_runner(directory)
     os.chmod(directory, 0o711)  # noqa: S103 - traversable only
 
@@ -196,6 +198,7 @@ def open_dir(path: Path) -> int:
 
 
 def install_runner(directory: Path) -> None:
-    """runner.py in a root-owned directory only root writes to (0711)."""
-    shutil.copyfile(RUNNER, directory / "runner.py")
-    os.chmod(directory / "runner.py", 0o444)
+    """runner.py and confine.py in a root-owned directory only root writes to (0711)."""
+    for source in RUNNER_FILES:
+        shutil.copyfile(source, directory / source.name)
+        os.chmod(directory / source.name, 0o444)

@@ -17,7 +17,6 @@ HAND_PARSE = re.compile(r"""subject[\w.\[\]]*\.r?split\(\s*(["'])\.\1""")
 
 STILL_TO_CONVERT: dict[str, str] = {
     # path (from the repository root): why it still spells or splits a subject by hand.
-    "services/gateway/src/fleet_gateway/bundle.py": "gateway refit in flight (its own commit)",
     "services/gateway/src/fleet_gateway/projections/fold.py": "gateway refit in flight",
     "services/gateway/src/fleet_gateway/projections/projector.py": "gateway refit in flight",
     "services/gateway/src/fleet_gateway/routes/transfer.py": "gateway refit in flight",

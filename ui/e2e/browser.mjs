@@ -12,7 +12,18 @@ if (!url || !token) {
   process.exit(2);
 }
 mkdirSync(out, { recursive: true });
-const browser = await chromium.launch({
+// Up to three starts of 60 s each: one slow start on a loaded machine is not a UI failure,
+// three are (the last error is thrown as it is).
+async function launch(attempt = 1) {
+  try {
+    return await chromium.launch({ ...launchOptions, timeout: 60_000 });
+  } catch (e) {
+    if (attempt >= 3) throw e;
+    console.error(`chromium did not start (attempt ${attempt} of 3): ${String(e).split("\n")[0]}`);
+    return launch(attempt + 1);
+  }
+}
+const launchOptions = {
   executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
   args: [
     "--headless",
@@ -24,7 +35,8 @@ const browser = await chromium.launch({
     "--disable-component-update",
     "--disable-sync",
   ],
-});
+};
+const browser = await launch();
 const context = await browser.newContext({
   viewport: { width: 1440, height: 900 },
   acceptDownloads: true,

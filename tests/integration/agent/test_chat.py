@@ -102,14 +102,14 @@ class StandInEngine:
 
     answer: str = "the RLM's answer"
     status: str = "completed"
+    code: str = ""
+    error: str = "RuntimeError: the stand-in was told to fail"
     tasks: list[tuple[RlmTask, RunContext]] = field(default_factory=list)
 
     async def __call__(self, task: RlmTask, ctx: RunContext) -> RlmResult:
         self.tasks.append((task, ctx))
         if self.status != "completed":
-            return RlmResult(
-                status=self.status, error="RuntimeError: the stand-in was told to fail"
-            )
+            return RlmResult(status=self.status, error=self.error, code=self.code)
         return RlmResult(status="completed", answer=self.answer, head_hash="c0ffee" * 4)
 
 
@@ -210,10 +210,12 @@ class Chat:
         mode: str = "auto",
         runner: ChatRunner | None = None,
         token: CancelToken | None = None,
+        context_paths: tuple[str, ...] = (),
         **opts: Any,
     ) -> tuple[str, Answered | Stopped | Parked | Failed]:
         turn = new_id()
-        await self.append(turn, TurnRequested(message=message, mode=mode))
+        request = TurnRequested(message=message, mode=mode, context_paths=context_paths)
+        await self.append(turn, request)
         chosen = runner or self.runner(**opts)
         given = TurnInput(
             tenant=self.tenant, session=self.session, turn=turn, message=message, attempt=1,
@@ -250,7 +252,9 @@ async def test_a_plain_question_is_answered_by_chain_of_thought_alone(chat: Chat
     with ScriptedLM([cot("four")]) as fake:
         await chat.open(fake)
         turn, outcome = await chat.turn("What is two plus two?")
-    assert outcome == Answered("four", root_head_hash=outcome.root_head_hash)  # type: ignore[union-attr]
+    assert isinstance(outcome, Answered)
+    # no fallback line: the first module answered
+    assert outcome == Answered("four", root_head_hash=outcome.root_head_hash, answered_by="cot")
     events = await chat.run_events(turn)
     assert isinstance(events[0], RunStarted)
     assert events[0].kind == "chat"
@@ -380,7 +384,61 @@ async def test_a_failed_rlm_falls_back_to_react(chat: Chat) -> None:
     (down,) = of(events, FellBack)
     assert (down.from_module, down.to_module, down.reason) == ("rlm", "react", "rlm_failed")
     assert down.error == "RlmRouteFailed"
-    assert events[-1].outputs == {"module": "react"}  # type: ignore[attr-defined]
+    (done,) = of(events, RunCompleted)
+    assert done.outputs == {"module": "react"}
+    # the answer says it is a fallback's, and why: where the user reads it, not only a trace row
+    note = (
+        "answered by ReAct (the tools) after the RLM failed: it broke (RlmRouteFailed; the "
+        "turn's trace has the details)"
+    )
+    assert (done.answered_by, done.fallback) == ("react", note)
+    assert (outcome.answered_by, outcome.fallback) == ("react", note)
+    assert down.note == note
+
+
+async def test_a_stated_rlm_failure_is_named_in_the_fallback_line(chat: Chat) -> None:
+    engine = StandInEngine(status="failed", code="llm_timeout", error="the call took over 600 s")
+    with ScriptedLM([act("finish"), extract("23, by ReAct")]) as fake:
+        await chat.open(fake)
+        _, outcome = await chat.turn("Summarise: " + "x" * 33_000, runner=chat.runner(engine))
+    assert isinstance(outcome, Answered)
+    assert outcome.fallback == (
+        "answered by ReAct (the tools) after the RLM failed: the call took over 600 s (llm_timeout)"
+    )
+
+
+async def test_rlm_only_never_falls_back_the_turn_fails_with_the_rlms_reason(chat: Chat) -> None:
+    engine = StandInEngine(status="failed", code="llm_timeout", error="the call took over 600 s")
+    with ScriptedLM([cot("a guess from chain of thought")]) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn(
+            "Count the lines", mode="rlm_only", runner=chat.runner(engine)
+        )
+        asked = len(fake.requests)
+    assert isinstance(outcome, Failed)
+    assert (outcome.code, outcome.error) == ("llm_timeout", "the call took over 600 s")
+    events = await chat.run_events(turn)
+    assert of(events, FellBack) == []
+    assert of(events, RunCompleted) == []
+    assert asked == 0  # no lower module was asked
+
+
+async def test_react_failing_over_sandbox_files_is_not_answered_blind_by_cot(chat: Chat) -> None:
+    script: list[Reply | str] = [
+        Reply("the model server broke", status=500),
+        cot("a blind guess", needs_tools=False),
+    ]
+    with ScriptedLM(script) as fake:
+        await chat.open(fake)
+        turn, outcome = await chat.turn(
+            "How many lines contain NEEDLE in haystack.txt?", context_paths=("haystack.txt",)
+        )
+        asked = len(fake.requests)
+    assert isinstance(outcome, Failed)
+    assert outcome.code == "llm_unavailable"
+    assert of(await chat.run_events(turn), FellBack) == []
+    assert asked == 1  # ReAct's failed step only: chain of thought, which cannot read the file,
+    # was not asked
 
 
 async def test_a_failed_react_step_falls_back_to_cot_which_does_not_escalate_again(

@@ -14,10 +14,17 @@ from fleet_events.run import (
     LlmCalled,
     RunCancelled,
     RunCompleted,
+    RunFailed,
     RunStarted,
     ToolCalled,
 )
-from fleet_events.session import CancelRequested, SandboxAttached, TurnCancelled, TurnCompleted
+from fleet_events.session import (
+    CancelRequested,
+    SandboxAttached,
+    TurnCancelled,
+    TurnCompleted,
+    TurnFailed,
+)
 from fleet_harness.scripted_lm import ScriptedLM
 from fleet_harness.waits import eventually
 
@@ -195,3 +202,27 @@ async def test_cancel_mid_cell_interrupts_it_and_records_the_cancel(processes: P
 
 
 pytestmark = pytest.mark.timeout(240)
+
+
+async def test_an_rlm_that_never_submits_fails_no_submit_and_no_guess_is_asked(
+    processes: Processes,
+) -> None:
+    # dspy, at its last iteration without SUBMIT, asks an extract step for the outputs: a
+    # guess. The run fails no_submit instead, and that model call is never made.
+    script = [step(f"print({n})", reasoning=f"look {n}") for n in range(4)]  # max_iters: 4
+    script.append(fields(reasoning="a guess", answer="1269"))  # what extract would be told
+    with ScriptedLM(script) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            turn = await s.ask("count the NEEDLE lines")
+            ended = await s.ended(turn)
+            events = await s.run_events(turn)
+    assert isinstance(ended, TurnFailed), ended
+    assert ended.code == "no_submit"
+    assert "used all 4 of its iterations without calling SUBMIT" in ended.error
+    assert of_type(events, RunCompleted) == []
+    (failed,) = of_type(events, RunFailed)
+    assert failed.reason == "no_submit"
+    assert sum(fake.calls.values()) == 4  # the four steps; no extract call
+    steps = [c for c in of_type(events, CellExecuted) if c.iteration is not None]
+    assert [c.stdout.strip() for c in steps] == ["0", "1", "2", "3"]

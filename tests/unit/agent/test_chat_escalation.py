@@ -10,6 +10,7 @@ from fleet_agent.chat.escalation import (
     context_chars,
     during_react,
     fallback_from,
+    fallback_note,
     opening,
 )
 
@@ -62,10 +63,35 @@ def test_cot_escalates_on_its_own_flag_or_the_marker_only() -> None:
 
 def test_fallbacks_go_down_one_module_and_stop_at_cot() -> None:
     assert fallback_from("rlm", "auto") == "react"
-    assert fallback_from("rlm", "rlm_only") == "cot"
     assert fallback_from("react", "auto") == "cot"
     assert fallback_from("react", "tools_only") == "cot"
     assert fallback_from("cot", "auto") is None
+    assert fallback_from("cot", "auto", context_in_sandbox=True) is None
+
+
+def test_rlm_only_is_a_contract_nothing_else_answers() -> None:
+    for module in ("rlm", "react", "cot"):
+        assert fallback_from(module, "rlm_only") is None
+        assert fallback_from(module, "rlm_only", context_in_sandbox=True) is None
+
+
+def test_chain_of_thought_is_no_fallback_for_context_only_tools_reach() -> None:
+    assert fallback_from("react", "auto", context_in_sandbox=True) is None
+    assert fallback_from("react", "tools_only", context_in_sandbox=True) is None
+    # ReAct has the tools: it can read what the RLM could
+    assert fallback_from("rlm", "auto", context_in_sandbox=True) == "react"
+
+
+def test_the_fallback_line_names_both_modules_and_cuts_the_reason_at_a_word() -> None:
+    assert fallback_note("rlm", "react", "timed out\n after  600 s") == (
+        "answered by ReAct (the tools) after the RLM failed: timed out after 600 s"
+    )
+    long = ("word " * 200).strip()
+    note = fallback_note("react", "cot", long)
+    assert note.startswith("answered by chain of thought after ReAct (the tools) failed: word")
+    assert note.endswith("word …")
+    assert len(note) < 480
+    assert fallback_note("x", "y", "why") == "answered by y after x failed: why"
 
 
 def test_context_counts_message_memory_and_history() -> None:

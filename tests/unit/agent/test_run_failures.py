@@ -30,6 +30,7 @@ TABLE = {
     "llm_not_configured": (False, True, True),
     "repo_unavailable": (False, False, True),
     "budget_spent": (False, False, True),
+    "no_submit": (True, True, True),
     "llm_timeout": (True, True, True),
     "llm_rate_limited": (True, False, True),
     "llm_quota_exceeded": (False, False, True),

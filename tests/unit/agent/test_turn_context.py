@@ -1,9 +1,9 @@
 """The text a turn's named context adds after its message (pure)."""
 
 from fleet_agent.chat.escalation import CONTEXT_THRESHOLD, opening
-from fleet_agent.chat.turn_context import MAX_LISTED_PATHS, REPO_DIR, block
+from fleet_agent.chat.turn_context import MAX_LISTED_PATHS, REPO_DIR, block, in_sandbox
 from fleet_events.envelope import BlobRef
-from fleet_events.session import DocumentRef
+from fleet_events.session import DocumentRef, TurnRequested
 
 
 def ref(alias: str) -> DocumentRef:
@@ -61,3 +61,14 @@ def test_a_named_repository_is_given_with_its_checkout_path_and_sends_the_turn_t
     moved = opening("auto", len(message), message, CONTEXT_THRESHOLD)
     assert moved is not None
     assert moved.to_module == "react"  # a checkout is read with code, never from the prompt
+
+
+def test_context_only_tools_reach_is_in_the_sandbox() -> None:
+    ask = TurnRequested(message="how many?")
+    assert not in_sandbox(None, "")
+    assert not in_sandbox(ask, "")
+    assert not in_sandbox(ask, "\n\n[attached 'log' (app.log, 10 characters)]\nabc\n[end of 'log']")
+    assert in_sandbox(TurnRequested(message="m", context_paths=("data.csv",)), "")
+    assert in_sandbox(TurnRequested(message="m", repo_url="https://example.com/r.git"), "")
+    named = block([(ref("big"), "x" * 50)], [], (), max_chars=10)
+    assert in_sandbox(ask, named)

@@ -24,6 +24,14 @@ const TurnItem = memo(function TurnItem({ turn }: { turn: Turn }) {
         <div className="mb-1 text-xs text-slate-300">
           {turn.mode} · <span data-testid="turn-status">{STATUS[turn.status]}</span>
         </div>
+        {turn.fallback ? (
+          <p
+            className="mb-1 rounded border border-amber-400/60 bg-amber-950/60 px-2 py-1 text-sm text-amber-100"
+            data-testid="turn-fallback"
+          >
+            {turn.fallback}
+          </p>
+        ) : null}
         {turn.answer || turn.streaming ? (
           <p className="whitespace-pre-wrap" aria-live="polite">
             {turn.answer || turn.streaming}

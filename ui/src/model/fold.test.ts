@@ -139,6 +139,21 @@ describe("fold", () => {
     expect([view.turns[0]?.answer, view.turns[0]?.streaming]).toEqual(["Bye", ""]);
   });
 
+  it("keeps the fallback line of an answer a lower module gave, and none otherwise", () => {
+    const log = new Log();
+    log.add({ type: "session.created" });
+    log.add({ type: "turn.requested", message: "count" }, { turn: "a" });
+    const note = "answered by ReAct (the tools) after the RLM failed: timed out (llm_timeout)";
+    log.add(
+      { type: "turn.completed", answer: "23", answered_by: "react", fallback: note },
+      { turn: "a" },
+    );
+    log.add({ type: "turn.requested", message: "again" }, { turn: "b" });
+    log.add({ type: "turn.completed", answer: "23", answered_by: "rlm" }, { turn: "b" });
+    const view = fold(emptyView(), log.frames);
+    expect(view.turns.map((t) => t.fallback)).toEqual([note, ""]);
+  });
+
   it("shows refusals, failures, cancels and the pending question", () => {
     const log = new Log();
     log.add({ type: "session.created" });

@@ -80,6 +80,7 @@ function newTurn(id: string, seq: number, message = "", mode = ""): Turn {
     streaming: "",
     streamSealed: false,
     error: "",
+    fallback: "",
     seq,
     rootRun: null,
   };
@@ -121,6 +122,7 @@ function apply(d: Draft, frame: EventFrame): void {
       if (!turn) return;
       turn.status = "completed";
       turn.answer = data.answer;
+      turn.fallback = data.fallback ?? "";
       turn.streaming = "";
       return;
     }

@@ -22,6 +22,8 @@ export interface Turn {
    * turn whose first module's answer is superseded by a later call's shows only the latest). */
   streamSealed: boolean;
   error: string;
+  /** Set when a lower module answered after the first failed: who answered, who failed, why. */
+  fallback: string;
   seq: number;
   rootRun: string | null;
 }

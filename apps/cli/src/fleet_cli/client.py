@@ -80,6 +80,9 @@ class TurnResult:
     status: str  # completed | failed | cancelled | refused
     answer: str = ""
     error: str = ""
+    fallback: str = ""
+    """`turn.completed`'s fallback line: set when a lower module answered after one failed."""
+    answered_by: str = ""
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -278,4 +281,6 @@ def _ended(item: dict[str, Any], turn: str, result: TurnResult) -> bool:
     result.status = ending
     result.answer = str(data.get("answer", data.get("partial", "")))
     result.error = str(data.get("error") or data.get("message") or data.get("reason") or "")
+    result.fallback = str(data.get("fallback") or "")
+    result.answered_by = str(data.get("answered_by") or "")
     return True

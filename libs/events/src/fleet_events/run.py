@@ -206,6 +206,8 @@ class FellBack(Event, frozen=True, kw_only=True, tag="run.fell_back"):
     to_module: str
     reason: str
     error: str = ""
+    note: str = ""
+    """The line the answer carries if this module answers (`TurnCompleted.fallback`)."""
 
 
 class ChildRunRequested(Event, frozen=True, kw_only=True, tag="run.child_requested"):
@@ -266,6 +268,10 @@ class RunCompleted(Event, frozen=True, kw_only=True, tag="run.completed"):
     outputs: dict[str, Any] = {}
     iterations: int = 0
     llm_calls: int = 0
+    answered_by: str = ""
+    """The chat agent's module that answered (`cot`, `react`, `rlm`); empty for an RLM run."""
+    fallback: str = ""
+    """Why the answer is a lower module's, in the user's words (`TurnCompleted.fallback`)."""
 
 
 class RunFailed(Event, frozen=True, kw_only=True, tag="run.failed"):

@@ -84,6 +84,13 @@ class TurnCompleted(Event, frozen=True, kw_only=True, tag="turn.completed"):
 
     answer: str
     root_head_hash: str = ""
+    answered_by: str = ""
+    """The module that gave the answer (`cot`, `react`, `rlm`; empty for a runner without
+    modules, and in logs written before it existed)."""
+    fallback: str = ""
+    """Set when the answer is not the first module's: which module answered after which failed,
+    and why, in words the user reads beside the answer ("answered by chain of thought after the
+    RLM failed: …"). Empty: no fallback."""
 
 
 class TurnFailed(Event, frozen=True, kw_only=True, tag="turn.failed"):
@@ -132,6 +139,7 @@ TURN_FAILURES = (
     *LLM_FAILURES,
     "repo_unavailable",
     "budget_spent",
+    "no_submit",
 )
 """Every `TurnFailed.code` the agent writes (a client switches on them; a test holds the agent's
 codes to this list). `runner_error`: the agent raised; `replica_lost`: the replica running it
@@ -140,7 +148,9 @@ times, never ending; `sandbox_lost`: the run's sandbox went away and a later att
 gone; `llm_not_configured`: no model is bound to the role the turn needs; `llm_*`: a model
 call failed, by kind (docs/turns.md, "When the model call fails"); `repo_unavailable`: the
 broker could not clone the turn's repository at its ref; `budget_spent`: the budget refused a
-model call the turn could not do without (a tenant's daily cap, the tree's limits)."""
+model call the turn could not do without (a tenant's daily cap, the tree's limits);
+`no_submit`: the RLM used all its iterations without calling `SUBMIT`, so it has no answer
+(dspy's extract step would only guess one: it is not asked)."""
 
 
 class TurnRefused(Event, frozen=True, kw_only=True, tag="turn.refused"):

@@ -51,6 +51,9 @@ class Answered:
     root_head_hash: str = ""
     """The root run's chain head, when the runner keeps a run record (`TurnCompleted` ties
     it in)."""
+    answered_by: str = ""
+    fallback: str = ""
+    """`TurnCompleted.fallback`: set when a lower module answered after the first failed."""
 
 
 @dataclass(frozen=True)

@@ -203,5 +203,8 @@ class TurnWorker:
         if isinstance(result, Parked):
             return TurnParked(request_id=result.request_id, attempt=turn.attempt)
         if isinstance(result, Answered):
-            return TurnCompleted(answer=result.answer, root_head_hash=result.root_head_hash)
+            return TurnCompleted(
+                answer=result.answer, root_head_hash=result.root_head_hash,
+                answered_by=result.answered_by, fallback=result.fallback,
+            )  # fmt: skip
         return TurnCancelled(reason=token.reason, partial=result.partial, attempt=turn.attempt)

@@ -125,13 +125,16 @@ def run_command(
         out = {
             "session": result.session, "turn": result.turn, "status": result.status,
             "answer": result.answer, "error": result.error,
+            "answered_by": result.answered_by, "fallback": result.fallback,
             "events": [frame["event"] for frame in result.events],
         }  # fmt: skip
         sys.stdout.write(json.dumps(out) + "\n")
     elif result.status == "completed":
+        if result.fallback:  # said before the answer, where a reader of the terminal sees it
+            err.print(f"[yellow]note:[/] {escape(result.fallback)}", soft_wrap=True)
         sys.stdout.write(result.answer + "\n")
     else:
-        err.print(f"[red]turn {result.status}:[/] {result.error}", soft_wrap=True)
+        err.print(f"[red]turn {result.status}:[/] {escape(result.error)}", soft_wrap=True)
     if result.status == "completed":
         return
     raise typer.Exit(EXIT_REFUSED if result.status == "refused" else EXIT_FAILED)

@@ -16,9 +16,18 @@ The rule, in order (the first that fires decides; each move is a `run.escalated`
    the RLM with that trajectory in its context (`context_over_threshold`), rather than
    sending a prompt that size. Not after a fallback (the RLM already failed this turn).
 
-A module whose step fails hands the turn down one module (`run.fell_back`): the RLM to ReAct
-(to ChainOfThought under `rlm_only`, where ReAct would have only the RLM's own tools), ReAct
-to ChainOfThought; ChainOfThought failing fails the turn. `tools_only` never reaches the RLM.
+A module whose step fails hands the turn down one module (`run.fell_back`): the RLM to ReAct,
+ReAct to ChainOfThought; ChainOfThought failing fails the turn. `tools_only` never reaches the
+RLM. Two rules keep a fallback from answering in the first module's name:
+
+- a mode is a contract: under `rlm_only` the RLM answers or the turn fails with the RLM's own
+  reason; nothing else answers;
+- a fallback that cannot see the task's context is not tried: ChainOfThought has no tools, so
+  a turn whose context lives only in the sandbox (`--context` files, a repository, a document
+  too long to put in the prompt) fails with ReAct's reason rather than be answered blind.
+
+A fallback that answers is named where the user reads the answer (`fallback_note`, carried by
+`run.completed` and `turn.completed` as `fallback`).
 """
 
 import re
@@ -105,10 +114,31 @@ def during_react(mode: str, chars: int, threshold: int) -> Escalated | None:
     )
 
 
-def fallback_from(module: str, mode: str) -> str | None:
-    """The module a failed step hands the turn to (None: nothing cheaper is left)."""
+MODULE_NAMES = {"cot": "chain of thought", "react": "ReAct (the tools)", "rlm": "the RLM"}
+NOTE_REASON_CHARS = 400
+
+
+def fallback_from(module: str, mode: str, *, context_in_sandbox: bool = False) -> str | None:
+    """The module a failed step hands the turn to (None: the turn fails with the step's reason).
+    `context_in_sandbox`: the turn's context is reachable only with tools (the module docstring's
+    second rule)."""
+    if mode == "rlm_only":
+        return None
     if module == "rlm":
-        return "cot" if mode == "rlm_only" else "react"
-    if module == "react":
+        return "react"
+    if module == "react" and not context_in_sandbox:
         return "cot"
     return None
+
+
+def fallback_note(from_module: str, to_module: str, reason: str) -> str:
+    """The line shown beside a fallback's answer: who answered, who failed first, and why
+    (`reason` cut at a word, never mid-word)."""
+    reason = " ".join(reason.split())
+    if len(reason) > NOTE_REASON_CHARS:
+        cut = reason[:NOTE_REASON_CHARS].rsplit(" ", 1)[0]
+        reason = f"{cut} …"
+    return (
+        f"answered by {MODULE_NAMES.get(to_module, to_module)} after "
+        f"{MODULE_NAMES.get(from_module, from_module)} failed: {reason}"
+    )

@@ -98,6 +98,8 @@ class Crashed:
     module: str
     """The module the run was in: the last recorded escalation's or fallback's target."""
     fell_back: bool
+    fallback_note: str
+    """The last fallback's line (`run.fell_back`'s `note`), carried to the answer."""
     trajectory: dict[str, Any]
     """ReAct's steps up to the last whose tool call has a result, and the step whose tool call
     has none (its thought, tool and arguments, no observation: that call runs again)."""
@@ -132,7 +134,7 @@ def crashed(events: list[Event]) -> Crashed | None:
     is asked again."""
     if not events or not isinstance(events[0], RunStarted) or isinstance(events[-1], TERMINAL):
         return None
-    module, fell_back, from_react = "cot", False, False
+    module, fell_back, from_react, note = "cot", False, False, ""
     steps: list[dict[str, Any]] = []
     calls: list[ToolCalled] = []
     returned: dict[str, ToolReturned] = {}
@@ -144,7 +146,7 @@ def crashed(events: list[Event]) -> Crashed | None:
             from_react = event.from_module == "react" and event.to_module == "rlm"
             module = event.to_module
         elif isinstance(event, FellBack):
-            module, fell_back = event.to_module, True
+            module, fell_back, note = event.to_module, True, event.note
         elif isinstance(event, IterationPlanned):
             iterations += 1
             if event.tool:
@@ -176,7 +178,8 @@ def crashed(events: list[Event]) -> Crashed | None:
             in_flight = call
             break
     return Crashed(
-        module=module, fell_back=fell_back, trajectory=trajectory, in_flight=in_flight,
+        module=module, fell_back=fell_back, fallback_note=note, trajectory=trajectory,
+        in_flight=in_flight,
         llm_calls=llm_calls, tool_calls=len(calls), iterations=iterations,
         escalated_from_react=from_react,
     )  # fmt: skip

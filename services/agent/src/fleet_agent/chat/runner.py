@@ -35,6 +35,7 @@ from fleet_agent.chat.loading import load_crashed, load_resume, load_session, lo
 from fleet_agent.chat.session_log import LogScope, append
 from fleet_agent.chat.settings import ChatSettings
 from fleet_agent.chat.tools import TurnState
+from fleet_agent.chat.turn_context import in_sandbox
 from fleet_agent.chat.turn_run import TurnRun
 from fleet_agent.chat.urls import UrlLoader
 from fleet_agent.engine.mesh import MeshPool
@@ -120,7 +121,10 @@ class ChatRunner:
         async with turn_scope(mesh, turn, token, limits) as scope:
             loop = asyncio.get_running_loop()
             message = turn.message + context
-            chat = TurnRun(self, scope.ctx, state, mode, message, loop, resume, taken)
+            chat = TurnRun(
+                self, scope.ctx, state, mode, message, loop, resume, taken,
+                context_in_sandbox=in_sandbox(request, context),
+            )  # fmt: skip
             try:
                 outcome = await in_own_thread(chat.run)
             finally:

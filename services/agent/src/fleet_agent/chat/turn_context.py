@@ -48,7 +48,7 @@ def block(
         header = f"[attached {ref.alias!r} ({ref.origin[:200]}, {len(text)} characters)"
         if room is not None and len(text) > room:
             parts.append(
-                f"{header}: too long to include here; read it with the document tools "
+                f"{header}: {TOO_LONG}; read it with the document tools "
                 f"(read_file_slice, find_in_document) as {ref.alias!r}]"
             )
             continue
@@ -64,6 +64,18 @@ def block(
             f"{listed}{more}]"
         )
     return "\n\n" + "\n\n".join(parts) if parts else ""
+
+
+TOO_LONG = "too long to include here"
+
+
+def in_sandbox(request: TurnRequested | None, block_text: str) -> bool:
+    """Is some of the turn's context reachable only with tools (named sandbox paths, a
+    repository, a document named but not put in the prompt)? Then ChainOfThought, which has
+    no tools, is no fallback for it (`escalation.fallback_from`). Pure."""
+    if request is None:
+        return False
+    return bool(request.context_paths or request.repo_url) or TOO_LONG in block_text
 
 
 async def read_context(

@@ -30,7 +30,7 @@ from fleet_agent.engine.model import (
 from fleet_agent.engine.recorder import RunRecorder
 from fleet_agent.lm import CallScope, budgeted_lm
 from fleet_agent.run import lifecycle
-from fleet_agent.run.failures import RunBroke, falls_back, why
+from fleet_agent.run.failures import RunBroke, falls_back, stated, why
 from fleet_agent.run.seams import Predictor, blocking
 from fleet_agent.runners import Answered, Failed, Parked, Stopped
 from fleet_events.run import Escalated, FellBack, IterationPlanned, RunStarted, ToolReturned
@@ -49,7 +49,7 @@ class TurnRun:
     def __init__(
         self, runner: "ChatRunner", ctx: RunContext, state: SessionState, mode: str, message: str,
         loop: asyncio.AbstractEventLoop, resume: Started | None = None,
-        taken: Taken | None = None,
+        taken: Taken | None = None, *, context_in_sandbox: bool = False,
     ) -> None:  # fmt: skip
         self.runner = runner
         self.resume = resume
@@ -66,6 +66,10 @@ class TurnRun:
         self._sandbox = ""
         self.may_escalate = True
         """False once a module fell back: the turn does not climb again."""
+        self.context_in_sandbox = context_in_sandbox
+        """The turn's context is reachable only with tools: ChainOfThought is no fallback."""
+        self.fallback = ""
+        """`fallback_note` of the last fallback this attempt took (empty: none)."""
         image = state.image
         self.state = TurnState(
             memory=image.core_memory,
@@ -96,6 +100,7 @@ class TurnRun:
             self.kit.calls = point.tool_calls - (1 if point.in_flight is not None else 0)
             self.iterations = point.iterations
             self.may_escalate = not point.fell_back
+            self.fallback = point.fallback_note
 
     # -- seams to the agent's loop ---------------------------------------------------------
 
@@ -288,7 +293,7 @@ class TurnRun:
         """`run.completed` naming the module that answered; the turn ties in its chain head."""
         completed = lifecycle.Completed(
             answer=answer, outputs={"module": module}, iterations=self.iterations,
-            llm_calls=self.recorder.llm_calls,
+            llm_calls=self.recorder.llm_calls, answered_by=module, fallback=self.fallback,
         )  # fmt: skip
         ended = self._ended(completed)
         assert isinstance(ended, Answered)
@@ -353,7 +358,9 @@ class TurnRun:
             except (RunCancelledError, RunFenced):
                 raise
             except Exception as exc:
-                lower = escalation.fallback_from(module, self.mode)
+                lower = escalation.fallback_from(
+                    module, self.mode, context_in_sandbox=self.context_in_sandbox
+                )
                 if lower is None or not falls_back(exc):
                     raise
                 log.warning(
@@ -367,11 +374,22 @@ class TurnRun:
                         to_module=lower,
                         reason=f"{module}_failed",
                         error=why(exc),
+                        note=escalation.fallback_note(module, lower, _reason(exc)),
                     )
                 )
+                self.fallback = escalation.fallback_note(module, lower, _reason(exc))
                 module = lower
                 fell_back = True
                 self.may_escalate = False
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a module failed, in the words the fallback line shows: the failure it states with
+    its code, or only the type that broke (its text may hold anything; the trace has it)."""
+    failure = stated(exc)
+    if failure is not None:
+        return f"{failure.error} ({failure.code})"
+    return f"it broke ({type(exc).__name__}; the turn's trace has the details)"
 
 
 __all__ = ["TurnRun"]

@@ -44,6 +44,7 @@ from fleet_agent.engine.recorder import RunRecorder
 from fleet_agent.engine.resume import Resume, load_journal
 from fleet_agent.lm import CallScope, PendingUsage, budgeted_lm
 from fleet_agent.run import lifecycle
+from fleet_agent.run.failures import NO_SUBMIT, RunFailure
 from fleet_agent.run.seams import Predictor
 from fleet_events import bus as verbs
 from fleet_events import sandbox as sb
@@ -68,6 +69,14 @@ CHILD_SETTLE_S = 90.0
 records its own end within the cancel grace, and the call then records the parent's side)."""
 
 
+def no_submit_message(max_iters: int) -> str:
+    return (
+        f"the RLM used all {max_iters} of its iterations without calling SUBMIT, so it has no "
+        "answer (a guess made from its last output is not one). Ask again with a narrower "
+        "task, or let it run longer (max_iters in the RLM settings)"
+    )
+
+
 class RecordedRLM(dspy.RLM):  # type: ignore[misc]  # dspy ships no types
     def __init__(self, signature: str, *, hooks: RunHooks, **options: Any) -> None:
         super().__init__(signature, **options)
@@ -82,8 +91,11 @@ class RecordedRLM(dspy.RLM):  # type: ignore[misc]  # dspy ships no types
         return super()._execute_iteration(repl, variables, history, iteration, *rest)
 
     def _extract_fallback(self, *args: Any) -> Any:
+        """dspy, at the last iteration without `SUBMIT`, asks an extract step to make up the
+        outputs ("Extract forced final output"): a guess, not the run's result. The run fails
+        `no_submit` instead, naming what to do, and that model call is never made."""
         self._hooks.boundary(None)
-        return super()._extract_fallback(*args)
+        raise RunFailure(no_submit_message(self.max_iters), code=NO_SUBMIT)
 
 
 # -- the run -------------------------------------------------------------------------------

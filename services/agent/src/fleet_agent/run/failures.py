@@ -52,6 +52,7 @@ NOT_CONFIGURED = "llm_not_configured"
 SANDBOX_LOST = "sandbox_lost"
 REPO_UNAVAILABLE = "repo_unavailable"
 BUDGET_SPENT = "budget_spent"
+NO_SUBMIT = "no_submit"
 
 CODES: dict[str, Code] = {
     RUNNER_ERROR: Code(retryable=True, falls_back=True, stated=False),
@@ -59,6 +60,7 @@ CODES: dict[str, Code] = {
     NOT_CONFIGURED: Code(retryable=False, falls_back=True, stated=True),
     REPO_UNAVAILABLE: Code(retryable=False, falls_back=False, stated=True),
     BUDGET_SPENT: Code(retryable=False, falls_back=False, stated=True),
+    NO_SUBMIT: Code(retryable=True, falls_back=True, stated=True),
     **{
         code: Code(
             retryable=code in _LLM_RETRYABLE, falls_back=code not in _LLM_NO_FALLBACK, stated=True
@@ -219,6 +221,7 @@ __all__ = [
     "BUDGET_SPENT",
     "CODES",
     "NOT_CONFIGURED",
+    "NO_SUBMIT",
     "REPO_UNAVAILABLE",
     "RUNNER_ERROR",
     "SANDBOX_LOST",

@@ -35,6 +35,8 @@ class Completed:
     outputs: dict[str, Any] = field(default_factory=dict)
     iterations: int = 0
     llm_calls: int = 0
+    answered_by: str = ""
+    fallback: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,8 @@ def ended(outcome: Outcome) -> Event:
     if isinstance(outcome, Completed):
         return RunCompleted(
             answer=outcome.answer, outputs=outcome.outputs, iterations=outcome.iterations,
-            llm_calls=outcome.llm_calls,
+            llm_calls=outcome.llm_calls, answered_by=outcome.answered_by,
+            fallback=outcome.fallback,
         )  # fmt: skip
     if isinstance(outcome, Cancelled):
         return RunCancelled(reason=outcome.reason, partial_answer=outcome.partial)
@@ -147,7 +150,7 @@ def recorded(end: Event) -> Outcome:
     if isinstance(end, RunCompleted):
         return Completed(
             answer=end.answer, outputs=dict(end.outputs), iterations=end.iterations,
-            llm_calls=end.llm_calls,
+            llm_calls=end.llm_calls, answered_by=end.answered_by, fallback=end.fallback,
         )  # fmt: skip
     if isinstance(end, RunCancelled):
         return Cancelled(reason=end.reason, partial=end.partial_answer)
@@ -165,7 +168,10 @@ def turn_end(outcome: Outcome, head_hash: str = "") -> Answered | Stopped | Fail
     after its end (`TurnCompleted` ties it in). A failure the run cannot state raises
     `RunBroke`: the worker records it by its type and code only."""
     if isinstance(outcome, Completed):
-        return Answered(outcome.answer, root_head_hash=head_hash)
+        return Answered(
+            outcome.answer, root_head_hash=head_hash, answered_by=outcome.answered_by,
+            fallback=outcome.fallback,
+        )  # fmt: skip
     if isinstance(outcome, Cancelled):
         return Stopped(outcome.partial)
     if outcome.stated:

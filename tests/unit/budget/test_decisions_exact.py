@@ -397,6 +397,7 @@ def test_the_fold_accumulates_usage_and_refusals_and_reports_them_in_status() ->
         calls_recorded=5,
         refusals=2,
         seq=42,
+        tree_calls=4,  # the grants of every kind (all sub calls here)
     )
     evolve(state, "close", TreeClosed())
     assert not status(state, seq=43).open

@@ -43,6 +43,8 @@ RefusalReason = Literal[
     "tenant_cost_exhausted",
     "depth_limit",
     "already_open",
+    "tree_calls_exhausted",
+    "child_runs_exhausted",
 ]
 
 
@@ -58,6 +60,8 @@ class TreeOpened(Event, frozen=True, kw_only=True, tag="budget.tree_opened"):
     tenant_day: str = ""
     root_run: str | None = None
     max_steps_per_run: int | None = None
+    max_tree_calls: int | None = None
+    max_child_runs: int | None = None
 
 
 class OpenRefused(Event, frozen=True, kw_only=True, tag="budget.open_refused"):
@@ -196,6 +200,11 @@ class OpenTree(msgspec.Struct, frozen=True, kw_only=True):
     max_steps_per_run: int | None = None
     """How many `step` grants one run of the tree may get (its `max_iters` plus the extract
     step); None leaves them bounded by the engine's `max_iters` alone."""
+    max_tree_calls: int | None = None
+    """Every model call of the tree, whoever makes it: every run's steps and sub calls, the
+    children's included (None: unbounded, as trees opened before the cap existed)."""
+    max_child_runs: int | None = None
+    """How many child runs the whole tree may admit, at every depth (None: unbounded)."""
 
 
 class Grant(msgspec.Struct, frozen=True, kw_only=True):
@@ -259,6 +268,11 @@ class TreeStatus(msgspec.Struct, frozen=True, kw_only=True):
     calls_recorded: int
     refusals: int
     seq: int
+    max_tree_calls: int | None = None
+    tree_calls: int = 0
+    """Grants of every kind the tree gave (steps and sub calls, all its runs)."""
+    max_child_runs: int | None = None
+    child_runs: int = 0
 
 
 class OpenReply(msgspec.Struct, frozen=True, kw_only=True):

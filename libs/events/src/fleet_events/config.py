@@ -75,6 +75,21 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("rlm_max_depth", "RLM_MAX_DEPTH", "3", integer=True, description="deepest child run"),
     Setting(
+        "rlm_max_tree_calls",
+        "RLM_MAX_TREE_CALLS",
+        "500",
+        integer=True,
+        description="every model call of a turn's tree: each run's steps, sub calls and child "
+        "runs' calls (rlm_max_llm_calls counts sub calls only)",
+    ),
+    Setting(
+        "rlm_max_child_runs",
+        "RLM_MAX_CHILD_RUNS",
+        "100",
+        integer=True,
+        description="child runs (sub_rlm) a turn's tree may start, at every depth",
+    ),
+    Setting(
         "sandbox_provider",
         "FLEET_SANDBOX_PROVIDER",
         "local",

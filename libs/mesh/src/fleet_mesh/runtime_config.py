@@ -61,6 +61,16 @@ class RuntimeConfig:
     async def get_int(self, key: str, *, tenant: str | None = None) -> int:
         return int(await self.get(key, tenant=tenant))
 
+    async def stored_int(self, key: str, *, tenant: str) -> int | None:
+        """The tenant's value, else the global one; None when neither is stored (the caller's
+        own default applies: a service's environment seeds what no one set)."""
+        setting(key)
+        for target in (tenant_key(tenant, key), global_key(key)):
+            value = await self._read(target)
+            if value is not None:
+                return int(value)
+        return None
+
     async def set(self, key: str, value: str, *, tenant: str | None = None) -> int:
         """Validate and store; returns the KV revision (the bucket keeps the history)."""
         setting(key).validate(value)

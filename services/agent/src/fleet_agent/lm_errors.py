@@ -36,8 +36,8 @@ class BudgetSpent(RunFailure, LMError):  # type: ignore[misc]
     def user_message(self) -> str:
         return (
             f"the budget refused this turn's model call: {str(self)[:500]}. A tenant's daily "
-            "cap starts again at 00:00 UTC; a turn's own limits are the rlm_max_llm_calls and "
-            "rlm_max_depth settings"
+            "cap starts again at 00:00 UTC; a turn's own limits are the rlm_max_tree_calls, "
+            "rlm_max_llm_calls, rlm_max_child_runs and rlm_max_depth settings"
         )
 
 

@@ -81,6 +81,11 @@ class TreeState:
     calls_recorded: int = 0
     refusals: int = 0
     max_steps_per_run: int | None = None
+    max_tree_calls: int | None = None
+    tree_calls: int = 0
+    """Calls granted of every kind, to every run of the tree (what `max_tree_calls` bounds)."""
+    max_child_runs: int | None = None
+    child_runs: int = 0
     steps: dict[str, int] = field(default_factory=dict)
     """`step` calls granted per run: a run's own action and extract calls, which `max_iters`
     bounds and `max_llm_calls` does not count (DESIGN.md §5)."""
@@ -143,6 +148,10 @@ def validate(command: Command) -> None:
                 _money("max_cost", command.max_cost, positive=True)
             if command.max_steps_per_run is not None:
                 _count("max_steps_per_run", command.max_steps_per_run, low=1, high=10_000)
+            if command.max_tree_calls is not None:
+                _count("max_tree_calls", command.max_tree_calls, low=1, high=1_000_000)
+            if command.max_child_runs is not None:
+                _count("max_child_runs", command.max_child_runs, low=0, high=100_000)
         case Grant():
             _ids(request_id=command.request_id, tree=command.tree, run=command.run)
             _count("calls", command.calls, low=1, high=MAX_CALLS_PER_GRANT)
@@ -247,6 +256,8 @@ def _open(state: TreeState, command: OpenTree, tenant_day: str) -> Event:
         tenant_day=tenant_day,
         root_run=command.root_run,
         max_steps_per_run=command.max_steps_per_run,
+        max_tree_calls=command.max_tree_calls,
+        max_child_runs=command.max_child_runs,
     )
 
 
@@ -264,6 +275,15 @@ def _grant(state: TreeState, command: Grant) -> Granted | GrantRefused:
 
     if state.closed:
         return refuse("tree_closed", f"tree {state.tree!r} is closed")
+    cap = state.max_tree_calls
+    if cap is not None and state.tree_calls + command.calls > cap:
+        return refuse(
+            "tree_calls_exhausted",
+            f"asked for {command.calls} LLM call(s) with {state.tree_calls} of the tree's "
+            f"max_tree_calls {cap} granted (every model call of the turn counts: each run's "
+            "steps, sub calls and child runs); raise rlm_max_tree_calls or ask a narrower "
+            "question",
+        )
     if command.kind == "step":
         return _grant_step(state, command, refuse)
     if command.calls > remaining:
@@ -328,6 +348,13 @@ def _admit(state: TreeState, command: AdmitChild) -> ChildAdmitted | ChildRefuse
             f"child run at depth {command.depth} is over the tree's max_depth "
             f"{state.max_depth}: answer this sub-task without sub_rlm",
         )
+    cap = state.max_child_runs
+    if cap is not None and state.child_runs >= cap:
+        return refuse(
+            "child_runs_exhausted",
+            f"the tree has admitted {state.child_runs} child runs, its max_child_runs {cap}: "
+            "answer this sub-task without sub_rlm",
+        )
     return ChildAdmitted(
         parent_run=command.parent_run, child_run=command.child_run, depth=command.depth
     )
@@ -359,10 +386,16 @@ def evolve(state: TreeState, event_id: str, event: Event) -> TreeState:
             state.max_cost = event.max_cost
             state.tenant_day = event.tenant_day
             state.max_steps_per_run = event.max_steps_per_run
+            state.max_tree_calls = event.max_tree_calls
+            state.max_child_runs = event.max_child_runs
         case Granted(kind="step"):
             state.steps[event.run] = state.steps.get(event.run, 0) + event.calls
+            state.tree_calls += event.calls
         case Granted():
             state.granted = event.granted_total
+            state.tree_calls += event.calls
+        case ChildAdmitted():
+            state.child_runs += 1
         case UsageRecorded():
             state.tokens_used += event.prompt_tokens + event.completion_tokens
             state.cost_used += event.cost
@@ -391,6 +424,10 @@ def status(state: TreeState, seq: int) -> TreeStatus:
         calls_recorded=state.calls_recorded,
         refusals=state.refusals,
         seq=seq,
+        max_tree_calls=state.max_tree_calls,
+        tree_calls=state.tree_calls,
+        max_child_runs=state.max_child_runs,
+        child_runs=state.child_runs,
     )
 
 

@@ -114,10 +114,8 @@ class ChatRunner:
                 taken = await mesh.on_bus(load_crashed(mesh, turn))
         escalation.check_mode(mode)
         task = self._rlm_task
-        limits = TreeLimits(
-            max_llm_calls=task.max_llm_calls, max_depth=task.max_depth,
-            max_steps_per_run=max(self._options.react_max_iters + 3, task.max_iters + 1),
-        )  # fmt: skip
+        steps = max(self._options.react_max_iters + 3, task.max_iters + 1)
+        limits = TreeLimits.of(task, max_steps_per_run=steps)
         async with turn_scope(mesh, turn, token, limits) as scope:
             loop = asyncio.get_running_loop()
             message = turn.message + context

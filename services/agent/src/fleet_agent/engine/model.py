@@ -72,6 +72,9 @@ class RlmTask:
     planner_role: str = "planner"
     delegate_role: str = "delegate"
     cell_wall_s: float | None = None
+    max_tree_calls: int = 500
+    """Every model call of the whole tree (the budget's `max_tree_calls`)."""
+    max_child_runs: int = 100
 
 
 @dataclass(frozen=True)

@@ -57,10 +57,7 @@ class RlmTurnRunner:
     async def run(self, turn: TurnInput, token: CancelToken) -> Answered | Stopped | Failed:
         mesh = await self._pool.get(turn.tenant)
         task = dataclasses.replace(self._task, inputs={"task": turn.message})
-        limits = TreeLimits(
-            max_llm_calls=task.max_llm_calls, max_depth=task.max_depth,
-            max_steps_per_run=task.max_iters + 1,
-        )  # fmt: skip
+        limits = TreeLimits.of(task, max_steps_per_run=task.max_iters + 1)
         result: RlmResult
         async with turn_scope(
             mesh, turn, token, limits, sandbox=lambda: self._sandbox(mesh, turn),

@@ -19,6 +19,11 @@ class EngineSettings(BaseSettings):
     """Sub calls (llm_query, facade sub-agents, child runs' calls) of a whole turn's tree."""
     max_depth: int = Field(default=3, ge=0, le=64)
     """How deep child runs may nest (the root is depth 0)."""
+    max_tree_calls: int = Field(default=500, ge=1, le=1_000_000)
+    """Every model call of a turn's tree, whoever makes it (steps, sub calls, children's
+    calls); the tenant's `rlm_max_tree_calls` setting wins where one is stored."""
+    max_child_runs: int = Field(default=100, ge=0, le=100_000)
+    """Child runs a turn's tree may start, at every depth (`rlm_max_child_runs`)."""
     cell_wall_s: float | None = Field(default=None, gt=0, le=3600)
     """A cell's wall-clock limit (host tool time excluded); None: the broker's default."""
     tree_deadline_s: float = Field(default=3600.0, gt=0, le=86_400)
@@ -40,4 +45,6 @@ class EngineSettings(BaseSettings):
             max_llm_calls=self.max_llm_calls,
             max_depth=self.max_depth,
             cell_wall_s=self.cell_wall_s,
+            max_tree_calls=self.max_tree_calls,
+            max_child_runs=self.max_child_runs,
         )

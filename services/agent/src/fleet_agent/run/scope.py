@@ -11,25 +11,69 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from fleet_agent.engine.model import EngineMesh, RunContext, derived_id, root_run_id, tree_id
+from nats.js import JetStreamContext
+
+from fleet_agent.engine.model import (
+    EngineMesh,
+    RlmTask,
+    RunContext,
+    derived_id,
+    root_run_id,
+    tree_id,
+)
 from fleet_agent.runners import CancelToken, TurnInput
 from fleet_events import bus
 from fleet_events.budget import CloseTree, OpenTree
 from fleet_mesh import rpc
+from fleet_mesh.runtime_config import RuntimeConfig
 
 VERB_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
 class TreeLimits:
-    """What the turn's tree opens with: the tree's sub-call cap, its depth, each run's steps."""
+    """What the turn's tree opens with: the tree's sub-call cap, its depth, each run's steps,
+    every call of the tree, and its child runs. The runner's values are defaults: the
+    tenant's settings (`tenant_limits`) win where they are stored."""
 
     max_llm_calls: int
     max_depth: int
     max_steps_per_run: int
+    max_tree_calls: int | None = None
+    max_child_runs: int | None = None
+
+    @classmethod
+    def of(cls, task: RlmTask, max_steps_per_run: int) -> "TreeLimits":
+        return cls(
+            max_llm_calls=task.max_llm_calls, max_depth=task.max_depth,
+            max_steps_per_run=max_steps_per_run, max_tree_calls=task.max_tree_calls,
+            max_child_runs=task.max_child_runs,
+        )  # fmt: skip
+
+
+SETTING_OF_LIMIT = {
+    "max_llm_calls": "rlm_max_llm_calls",
+    "max_depth": "rlm_max_depth",
+    "max_tree_calls": "rlm_max_tree_calls",
+    "max_child_runs": "rlm_max_child_runs",
+}
+"""The tenant settings a tree's limits are read from (tenant value, else global)."""
+
+
+async def tenant_limits(js: JetStreamContext, tenant: str, limits: TreeLimits) -> TreeLimits:
+    """`limits` with every one the tenant's (or the global) settings store replaced: the
+    settings an admin sets are the ones a tree opens with, the agent's environment only
+    seeds what no one set."""
+    config = await RuntimeConfig.open(js)
+    stored = {}
+    for field_name, key in SETTING_OF_LIMIT.items():
+        value = await config.stored_int(key, tenant=tenant)
+        if value is not None:
+            stored[field_name] = value
+    return replace(limits, **stored) if stored else limits
 
 
 @dataclass
@@ -71,11 +115,13 @@ async def turn_scope(
     own when it needs one), `deadline_s` bounds the tree's runs from now."""
     tree = tree_id(turn.tenant, turn.session, turn.turn)
     run = root_run_id(turn.tenant, turn.session, turn.turn)
+    limits = await mesh.on_bus(tenant_limits(mesh.bus.nc.jetstream(), turn.tenant, limits))
     await call_verb(mesh, bus.OPEN_TREE, OpenTree(
         request_id=derived_id("open", tree), tenant=turn.tenant, tree=tree,
         max_llm_calls=limits.max_llm_calls, max_depth=limits.max_depth,
         max_steps_per_run=limits.max_steps_per_run, session=turn.session, turn=turn.turn,
-        root_run=run,
+        root_run=run, max_tree_calls=limits.max_tree_calls,
+        max_child_runs=limits.max_child_runs,
     ), timeout=VERB_TIMEOUT_S)  # fmt: skip
     scope: TurnScope | None = None
     try:
@@ -97,4 +143,4 @@ async def turn_scope(
             await call_verb(mesh, bus.CLOSE_TREE, close, timeout=VERB_TIMEOUT_S)
 
 
-__all__ = ["TreeLimits", "TurnScope", "call_verb", "mirror_cancel", "turn_scope"]
+__all__ = ["TreeLimits", "TurnScope", "call_verb", "mirror_cancel", "tenant_limits", "turn_scope"]

@@ -431,7 +431,7 @@ async def test_react_failing_over_sandbox_files_is_not_answered_blind_by_cot(cha
     with ScriptedLM(script) as fake:
         await chat.open(fake)
         turn, outcome = await chat.turn(
-            "How many lines contain NEEDLE in haystack.txt?", context_paths=("haystack.txt",)
+            "Which lines of haystack.txt mention NEEDLE?", context_paths=("haystack.txt",)
         )
         asked = len(fake.requests)
     assert isinstance(outcome, Failed)

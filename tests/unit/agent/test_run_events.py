@@ -231,12 +231,13 @@ def test_every_run_ending_is_terminal() -> None:
 
 
 def test_named_choices_are_the_documented_ones() -> None:
-    assert r.MODULES == ("cot", "react", "rlm")
+    assert r.MODULES == ("cot", "code", "react", "rlm")
     assert set(r.ESCALATION_RULES) == {
         "tools_needed",
         "context_over_threshold",
         "rlm_only",
         "forced",
+        "computable",
     }
     assert r.REQUEST_KINDS == ("step", "sub")
     assert s.CORE_MEMORY_LIMITS == {"persona": 2000, "human": 2000, "scratchpad": 1000}

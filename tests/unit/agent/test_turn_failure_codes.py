@@ -16,6 +16,11 @@ def _strings(node: ast.AST) -> set[str]:
     return set().union(*(_strings(child) for child in ast.iter_child_nodes(node)))
 
 
+def _is_signature(node: ast.ClassDef) -> bool:
+    """A dspy signature: its `code` is an output field (the code route's), not a failure code."""
+    return any(ast.unparse(base).endswith("Signature") for base in node.bases)
+
+
 def _literal_codes() -> set[str]:
     """String literals the agent's source writes as a code by hand rather than through the
     failure family's constants: passed as `code=` (a call, `TurnFailed(code=...)`), or
@@ -27,7 +32,7 @@ def _literal_codes() -> set[str]:
                 for keyword in node.keywords:
                     if keyword.arg == "code":
                         found |= _strings(keyword.value)
-            elif isinstance(node, ast.ClassDef):
+            elif isinstance(node, ast.ClassDef) and not _is_signature(node):
                 for item in node.body:
                     if isinstance(item, ast.Assign):
                         targets, value = item.targets, item.value

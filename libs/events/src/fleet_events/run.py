@@ -21,13 +21,15 @@ from fleet_events.envelope import BlobRef, Event
 
 # -- values named by the events below -------------------------------------------------------
 
-MODULES = ("cot", "react", "rlm")
-"""The chat agent's modules, cheapest first: escalation goes up this list, fallback down it."""
+MODULES = ("cot", "code", "react", "rlm")
+"""The chat agent's modules, cheapest first: escalation goes up this list, fallback down it
+(`code` is one sandbox cell for a computable question: docs/chat.md)."""
 
-ESCALATION_RULES = ("tools_needed", "context_over_threshold", "rlm_only", "forced")
+ESCALATION_RULES = ("tools_needed", "context_over_threshold", "rlm_only", "forced", "computable")
 """Why a turn moved up a module: the module asked for tools (`[TOOLS NEEDED]`), the context
-passed the threshold (32,000 characters by default), the execution mode is `rlm_only`, or the
-request forced it."""
+passed the threshold (32,000 characters by default), the execution mode is `rlm_only`, the
+request forced it, or the question is one code computes (arithmetic, dates, a count or sum
+over attached context)."""
 
 REQUEST_KINDS = ("step", "sub")
 """`step`: a run's own action or extract call, bounded by `max_iters`; `sub`: every other call
@@ -199,6 +201,17 @@ class Escalated(Event, frozen=True, kw_only=True, tag="run.escalated"):
     detail: str = ""
 
 
+class ComputeDecided(Event, frozen=True, kw_only=True, tag="run.compute_decided"):
+    """Is the turn's question one code computes? The stated rule's answer, recorded for every
+    turn that may take the code route (`auto`, `tools_only`), so a question left to chain of
+    thought says why as surely as one sent to the sandbox."""
+
+    computable: bool
+    rule: str
+    """`arithmetic`, `dates`, `count_over_context`, or `none`."""
+    detail: str = ""
+
+
 class FellBack(Event, frozen=True, kw_only=True, tag="run.fell_back"):
     """A module's step failed and the turn went on with a cheaper module, for `reason`."""
 
@@ -336,6 +349,7 @@ EVENTS: tuple[type[Event], ...] = (
     ToolCalled,
     ToolReturned,
     Escalated,
+    ComputeDecided,
     FellBack,
     ChildRunRequested,
     ChildRunCompleted,

@@ -7,11 +7,15 @@ The rule, in order (the first that fires decides; each move is a `run.escalated`
 2. the turn's context (message + history + core memory) is over the threshold (32,000
    characters by default) and the mode allows the RLM: straight to the RLM
    (`context_over_threshold`); a context that size does not fit a chat prompt.
-3. the message names something only a tool can reach (documents, files, memory, a URL, code,
+3. (`auto`, `tools_only`) the question is one code computes (`computable`: arithmetic, a date
+   calculation, or a count/sum/average over attached context): one sandbox cell answers it
+   (`code`), and the answer cites the cell. The decision is recorded either way
+   (`run.compute_decided`): a question left to ChainOfThought says why.
+4. the message names something only a tool can reach (documents, files, memory, a URL, code,
    logs, the sandbox): to ReAct without paying for a ChainOfThought first (`tools_needed`).
-4. otherwise ChainOfThought answers; if it says it needs tools (its `needs_tools` output, or
+5. otherwise ChainOfThought answers; if it says it needs tools (its `needs_tools` output, or
    `[TOOLS NEEDED]` in its reasoning), to ReAct (`tools_needed`).
-5. before each ReAct step: when the turn's context plus ReAct's trajectory so far (what its
+6. before each ReAct step: when the turn's context plus ReAct's trajectory so far (what its
    tools answered) is over the threshold and the mode allows the RLM, the turn goes on in
    the RLM with that trajectory in its context (`context_over_threshold`), rather than
    sending a prompt that size. Not after a fallback (the RLM already failed this turn).
@@ -33,7 +37,7 @@ A fallback that answers is named where the user reads the answer (`fallback_note
 import re
 
 from fleet_agent.run.failures import InputError
-from fleet_events.run import Escalated
+from fleet_events.run import ComputeDecided, Escalated
 from fleet_events.session import EXECUTION_MODES
 
 MODES = EXECUTION_MODES
@@ -45,6 +49,60 @@ TOOL_WORDS = re.compile(
     r"forget|sandbox|logs?|repo(?:sitory)?|code|scripts?|urls?|web ?page)\b",
     re.IGNORECASE,
 )
+
+
+_NUMBER = r"-?\d[\d,_]*(?:\.\d+)?"
+ARITHMETIC = re.compile(
+    rf"{_NUMBER}(?:\s*(?:\*\*|[+*/\u00d7\u00f7^])\s*|\s+(?:-|x|times|plus|minus|divided by|"
+    rf"multiplied by|to the power of|mod(?:ulo)?)\s+)\(?\s*{_NUMBER}"
+    rf"|\b(?:square root|factorial|sqrt|percent(?:age)? of)\b.{{0,20}}\d"
+    rf"|\d+(?:\.\d+)?\s*%\s*of\s*{_NUMBER}",
+    re.IGNORECASE,
+)
+"""Arithmetic a cell computes exactly and a small model gets wrong ("17 * 23" -> "451")."""
+DATES = re.compile(
+    r"\b(?:days?|weeks?|months?|years?|hours?)\s+(?:are\s+there\s+)?(?:between|until|since|"
+    r"from|before|after)\b.{0,40}\d"
+    r"|\bday of the week\b|\bwhat (?:day|date) (?:is|was|will be)\b.{0,40}\d",
+    re.IGNORECASE,
+)
+COUNTING = re.compile(
+    r"\b(?:how many|count|number of|sum|total|average|mean|median|maximum|minimum|largest|"
+    r"smallest|longest|shortest)\b",
+    re.IGNORECASE,
+)
+"""A count or aggregate: computable when there is attached context to compute it over."""
+
+
+def computable(question: str, has_context: bool) -> ComputeDecided:
+    """The stated rule: does code compute the answer to `question` (the user's message, not
+    the attached text)? `has_context`: documents or files are attached to the turn. Pure."""
+    found = ARITHMETIC.search(question)
+    if found is not None:
+        return ComputeDecided(
+            computable=True, rule="arithmetic",
+            detail=f"the message has the arithmetic {found.group(0)[:80]!r}",
+        )  # fmt: skip
+    found = DATES.search(question)
+    if found is not None:
+        return ComputeDecided(
+            computable=True, rule="dates",
+            detail=f"the message asks a date calculation: {found.group(0)[:80]!r}",
+        )  # fmt: skip
+    found = COUNTING.search(question)
+    if found is not None and has_context:
+        return ComputeDecided(
+            computable=True, rule="count_over_context",
+            detail=f"the message asks {found.group(0)!r} over the attached context",
+        )  # fmt: skip
+    return ComputeDecided(
+        computable=False, rule="none",
+        detail="no arithmetic, date calculation, or count over attached context in the message",
+    )  # fmt: skip
+
+
+def to_code(decided: ComputeDecided) -> Escalated:
+    return Escalated(from_module="cot", to_module="code", rule="computable", detail=decided.detail)
 
 
 class UnknownMode(InputError):
@@ -114,7 +172,12 @@ def during_react(mode: str, chars: int, threshold: int) -> Escalated | None:
     )
 
 
-MODULE_NAMES = {"cot": "chain of thought", "react": "ReAct (the tools)", "rlm": "the RLM"}
+MODULE_NAMES = {
+    "cot": "chain of thought",
+    "code": "code in the sandbox",
+    "react": "ReAct (the tools)",
+    "rlm": "the RLM",
+}
 NOTE_REASON_CHARS = 400
 
 
@@ -126,6 +189,8 @@ def fallback_from(module: str, mode: str, *, context_in_sandbox: bool = False) -
         return None
     if module == "rlm":
         return "react"
+    if module == "code":  # the tools can read what the cell could; ChainOfThought only inline
+        return "react" if context_in_sandbox else "cot"
     if module == "react" and not context_in_sandbox:
         return "cot"
     return None

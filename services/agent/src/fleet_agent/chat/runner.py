@@ -121,7 +121,8 @@ class ChatRunner:
             message = turn.message + context
             chat = TurnRun(
                 self, scope.ctx, state, mode, message, loop, resume, taken,
-                context_in_sandbox=in_sandbox(request, context),
+                context_in_sandbox=in_sandbox(request, context), asked=turn.message,
+                attached=context,
             )  # fmt: skip
             try:
                 outcome = await in_own_thread(chat.run)

@@ -33,6 +33,18 @@ class ChatAgent(dspy.Signature):  # type: ignore[misc]
     answer: str = dspy.OutputField()
 
 
+class ComputeTurn(dspy.Signature):  # type: ignore[misc]
+    """Write one short Python cell that computes the answer to the question and prints it.
+    Use only the standard library and the variables listed (they already exist: do not
+    define them again); files listed are in the working directory. Print only the answer.
+    If previous_error is set, your last code raised it: write different code."""
+
+    question: str = dspy.InputField()
+    variables: str = dspy.InputField(desc="the variables and files the code can use")
+    previous_error: str = dspy.InputField(desc="what the last attempt's code raised, or empty")
+    code: str = dspy.OutputField(desc="Python code only, no explanation, no markdown")
+
+
 RLM_TURN = "task, context -> answer"
 """The RLM route of a turn (escalation) and of `rlm_query` / `delegate_to_rlm`."""
 

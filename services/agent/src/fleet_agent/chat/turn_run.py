@@ -8,6 +8,7 @@ message are the failure family's (`fleet_agent.run.failures`).
 
 import asyncio
 import logging
+import re
 import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,8 +19,17 @@ from fleet_agent.chat import escalation
 from fleet_agent.chat.loading import Started, Taken
 from fleet_agent.chat.react import ChatReAct, EscalateToRlm, RlmRouteFailed
 from fleet_agent.chat.resume import Crashed
-from fleet_agent.chat.signatures import RLM_TURN, ChatAgent, ChatTurn
-from fleet_agent.chat.tools import ParkTurn, ToolKit, TurnState, child_run, listing, toolset
+from fleet_agent.chat.signatures import RLM_TURN, ChatAgent, ChatTurn, ComputeTurn
+from fleet_agent.chat.tools import (
+    ParkTurn,
+    ToolKit,
+    TurnState,
+    child_run,
+    listing,
+    recorded,
+    toolset,
+)
+from fleet_agent.chat.tools.sandbox import Sandbox
 from fleet_agent.engine.model import (
     RlmResult,
     RlmTask,
@@ -30,7 +40,7 @@ from fleet_agent.engine.model import (
 from fleet_agent.engine.recorder import RunRecorder
 from fleet_agent.lm import CallScope, budgeted_lm
 from fleet_agent.run import lifecycle
-from fleet_agent.run.failures import RunBroke, falls_back, stated, why
+from fleet_agent.run.failures import RUNNER_ERROR, RunBroke, RunFailure, falls_back, stated, why
 from fleet_agent.run.seams import Predictor, blocking
 from fleet_agent.runners import Answered, Failed, Parked, Stopped
 from fleet_events.run import Escalated, FellBack, IterationPlanned, RunStarted, ToolReturned
@@ -49,7 +59,8 @@ class TurnRun:
     def __init__(
         self, runner: "ChatRunner", ctx: RunContext, state: SessionState, mode: str, message: str,
         loop: asyncio.AbstractEventLoop, resume: Started | None = None,
-        taken: Taken | None = None, *, context_in_sandbox: bool = False,
+        taken: Taken | None = None, *, context_in_sandbox: bool = False, asked: str | None = None,
+        attached: str = "",
     ) -> None:  # fmt: skip
         self.runner = runner
         self.resume = resume
@@ -67,6 +78,11 @@ class TurnRun:
         self.may_escalate = True
         """False once a module fell back: the turn does not climb again."""
         self.context_in_sandbox = context_in_sandbox
+        self.asked = message if asked is None else asked
+        """The user's message alone (the computable rule reads it, not the attached text)."""
+        self.attached = attached
+        """The attached context's text (documents put in whole, files and repository named):
+        the code route's cell gets it as the variable `context`."""
         """The turn's context is reachable only with tools: ChainOfThought is no fallback."""
         self.fallback = ""
         """`fallback_note` of the last fallback this attempt took (empty: none)."""
@@ -206,6 +222,42 @@ class TurnRun:
         )
         return str(prediction.answer or "")
 
+    def code(self) -> str:
+        """A computable question: the model writes one cell, the sandbox runs it, and its
+        output is the answer, citing the cell. A second try is shown the first's error; two
+        failures hand the turn down (`escalation.fallback_from`), named in the answer."""
+        self.boundary()
+        variables = {"context": self.attached} if self.attached else {}
+        described = (
+            f"context: str, {len(self.attached)} characters, the attached text "
+            "(documents between [attached ...] and [end of ...] lines; files named in it are "
+            "in the working directory)"
+            if self.attached
+            else "none"
+        )
+        sandbox = Sandbox(self.kit)
+
+        def execute_code(code: str) -> str:
+            return sandbox.run_cell(code, variables)
+
+        cell = recorded(self.kit, "execute_code", execute_code)
+        error = ""
+        for _ in range(CODE_ATTEMPTS):
+            self.boundary()
+            prediction = dspy.Predict(ComputeTurn)(
+                question=self.asked, variables=described, previous_error=error
+            )
+            written = _bare_code(str(prediction.code or ""))
+            self.planned("computing the answer with one sandbox cell", "execute_code")
+            output = str(cell(code=written)).strip()
+            if output and not output.startswith("error:"):
+                return f"{output}\n\n(computed in the sandbox by:\n```python\n{written}\n```)"
+            error = output.removeprefix("error:").strip() or "the code printed nothing"
+        raise RunFailure(
+            f"the code route's {CODE_ATTEMPTS} cells did not compute an answer: {error[:300]}",
+            code=RUNNER_ERROR,
+        )
+
     def _formatted(self, trajectory: dict[str, Any]) -> str:
         """ReAct's trajectory as its step saw it when the turn went up to the RLM (the route's
         task is then the one recorded, and its resumed run matches its recorded calls)."""
@@ -328,6 +380,15 @@ class TurnRun:
         move = escalation.opening(
             self.mode, chars, self.message, self.runner._options.context_threshold
         )
+        if (
+            point is None
+            and self.mode != "rlm_only"
+            and (move is None or move.rule != "context_over_threshold")
+        ):
+            decided = escalation.computable(self.asked, bool(self.attached))
+            self.recorder.record(decided)
+            if decided.computable:
+                move = escalation.to_code(decided)
         module = "cot"
         fell_back = False
         trajectory = ""
@@ -348,6 +409,8 @@ class TurnRun:
                     if move is None or fell_back:
                         return answer, "cot"
                     continue
+                if module == "code":
+                    return self.code(), "code"
                 if module == "react":
                     begun, start = start, None
                     return self.react(begun), "react"
@@ -381,6 +444,17 @@ class TurnRun:
                 module = lower
                 fell_back = True
                 self.may_escalate = False
+
+
+CODE_ATTEMPTS = 2
+_FENCE = re.compile(r"^```(?:python|py)?\s*\n(.*?)\n?```\s*$", re.DOTALL)
+
+
+def _bare_code(text: str) -> str:
+    """The code out of a reply that wrapped it in a markdown fence anyway."""
+    text = text.strip()
+    fenced = _FENCE.match(text)
+    return fenced.group(1).strip() if fenced else text
 
 
 def _reason(exc: BaseException) -> str:

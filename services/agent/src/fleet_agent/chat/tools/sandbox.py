@@ -46,6 +46,10 @@ class Sandbox:
         write_sandbox_file(self.kit, path, data)
         return f"wrote {path!r} ({len(data)} bytes)"
 
+    def run_cell(self, code: str, variables: dict[str, Any]) -> str:
+        """`code` with `variables` bound (the code route's cell: `TurnRun.code`)."""
+        return self._run(code, variables)
+
     def _run(self, code: str, variables: dict[str, Any] | None = None) -> str:
         from dspy.primitives.code_interpreter import CodeInterpreterError
 

@@ -1,0 +1,125 @@
+"""Computable questions go to code (issue 20 item 2): the chat agent decides by the stated rule
+(`escalation.computable`, recorded as `run.compute_decided`), the model writes one cell, the
+real sandbox runs it, and the answer is the cell's output, citing the cell. A question code
+does not compute stays with chain of thought, and says why.
+
+A real broker, budget and agent replica (`FLEET_AGENT_RUNNER=chat`) as processes; the scripted
+LM (a FAKE model server) writes the model's side.
+"""
+
+import pytest
+
+from fleet_events import new_id
+from fleet_events.run import ComputeDecided, Escalated, FellBack, ToolCalled, ToolReturned
+from fleet_events.session import DocumentLoaded, DocumentRef, TurnCompleted, TurnRequested
+from fleet_harness.scripted_lm import ScriptedLM
+from fleet_mesh.blobs import JetStreamBlobs
+
+from .rlm_kit import Processes, fields, of_type, processes, session
+
+__all__ = ["processes"]
+
+pytestmark = pytest.mark.slow
+
+AGENT_ENV = {"FLEET_AGENT_RUNNER": "chat", "FLEET_AGENT_TURN_SLOTS": "2"}
+
+
+def code(text: str) -> str:
+    return fields(code=text)
+
+
+def cot(answer: str) -> str:
+    return fields(reasoning="thinking", answer=answer, needs_tools="False")
+
+
+async def test_arithmetic_is_computed_by_one_cell_and_the_answer_cites_it(
+    processes: Processes,
+) -> None:
+    # the embedded 0.5B model answered "17 * 23" with 451, confidently; a cell cannot
+    with ScriptedLM([code("```python\nprint(17 * 23)\n```")]) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            turn = await s.ask("What is 17 * 23?")
+            ended = await s.ended(turn, timeout=120)
+            events = await s.run_events(turn)
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer.splitlines()[0] == "391"
+    assert "print(17 * 23)" in ended.answer  # the cell, cited
+    assert (ended.answered_by, ended.fallback) == ("code", "")
+    (decided,) = of_type(events, ComputeDecided)
+    assert (decided.computable, decided.rule) == (True, "arithmetic")
+    assert "'17 * 23'" in decided.detail
+    (up,) = of_type(events, Escalated)
+    assert (up.from_module, up.to_module, up.rule) == ("cot", "code", "computable")
+    (ran,) = of_type(events, ToolReturned)
+    assert (ran.tool, ran.result.strip(), ran.error) == ("execute_code", "391", "")
+    assert len(fake.requests) == 1  # one model call: the cell, no chain of thought first
+
+
+async def test_a_count_over_an_attached_document_runs_over_its_text(processes: Processes) -> None:
+    lines = [f"line {n} NEEDLE" if n % 13 == 0 else f"line {n} hay" for n in range(1, 301)]
+    text = "\n".join(lines) + "\n"
+    count = "print(sum('NEEDLE' in line for line in context.splitlines()))"
+    with ScriptedLM([code(count)]) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            blobs = await JetStreamBlobs.open(s.nc.jetstream())
+            blob = await blobs.put(s.tenant, text.encode())
+            doc = DocumentRef(
+                alias="hay", source="upload", origin="haystack.txt", blob=blob, chars=len(text)
+            )
+            await s.append(None, DocumentLoaded(document=doc))
+            turn = new_id()
+            asked = "How many lines contain NEEDLE?"
+            await s.append(turn, TurnRequested(message=asked, document_ids=("hay",)))
+            ended = await s.ended(turn, timeout=120)
+            events = await s.run_events(turn)
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer.splitlines()[0] == str(sum("NEEDLE" in line for line in lines)) == "23"
+    (decided,) = of_type(events, ComputeDecided)
+    assert decided.rule == "count_over_context"
+    # the model was told the variable as it exists, and its size
+    assert "context: str" in fake.requests[0].prompt_text
+
+
+async def test_code_that_fails_twice_falls_back_to_cot_and_the_answer_says_so(
+    processes: Processes,
+) -> None:
+    script = [code("print(undefined_name)"), code("print(1 / 0)"), cot("391, I believe")]
+    with ScriptedLM(script) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            turn = await s.ask("What is 17 * 23?")
+            ended = await s.ended(turn, timeout=120)
+            events = await s.run_events(turn)
+            prompts = [r.prompt_text for r in fake.requests]
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer == "391, I believe"
+    assert ended.answered_by == "cot"
+    assert ended.fallback.startswith(
+        "answered by chain of thought after code in the sandbox failed"
+    )
+    assert "ZeroDivisionError" in ended.fallback
+    (down,) = of_type(events, FellBack)
+    assert (down.from_module, down.to_module) == ("code", "cot")
+    assert [c.tool for c in of_type(events, ToolCalled)] == ["execute_code", "execute_code"]
+    # the second attempt was shown the first one's error: a step after an error differs
+    assert "NameError" in prompts[1]
+    assert "NameError" not in prompts[0]
+
+
+async def test_a_question_code_does_not_compute_stays_with_cot_and_says_why(
+    processes: Processes,
+) -> None:
+    with ScriptedLM([cot("Paris")]) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            turn = await s.ask("What is the capital of France?")
+            ended = await s.ended(turn, timeout=120)
+            events = await s.run_events(turn)
+    assert isinstance(ended, TurnCompleted), ended
+    assert (ended.answer, ended.answered_by) == ("Paris", "cot")
+    (decided,) = of_type(events, ComputeDecided)
+    assert (decided.computable, decided.rule) == (False, "none")
+    assert of_type(events, ToolCalled) == []
+    assert of_type(events, Escalated) == []

@@ -224,5 +224,9 @@ async def test_an_rlm_that_never_submits_fails_no_submit_and_no_guess_is_asked(
     (failed,) = of_type(events, RunFailed)
     assert failed.reason == "no_submit"
     assert sum(fake.calls.values()) == 4  # the four steps; no extract call
-    steps = [c for c in of_type(events, CellExecuted) if c.iteration is not None]
+    cells = of_type(events, CellExecuted)
+    steps = [c for c in cells if not c.setup]
     assert [c.stdout.strip() for c in steps] == ["0", "1", "2", "3"]
+    # the framework's own set-up code is recorded for replay, and marked as not the model's
+    (setup,) = [c for c in cells if c.setup]
+    assert (setup.iteration, "dspy" in setup.code) == (None, True)

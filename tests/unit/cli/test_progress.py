@@ -39,3 +39,12 @@ def test_other_events_are_their_type_and_other_frames_nothing() -> None:
     assert describe({"type": "delta", "text": "hi"}) == ""
     long = event(type="run.child_completed", child_run="c", answer="a" * 300)
     assert describe(long) == "· child run c answered: " + "a" * 100 + "…"
+
+
+def test_the_frameworks_set_up_code_is_not_shown_as_a_cell_the_model_wrote() -> None:
+    setup = event(
+        type="run.cell_executed", code='"""Sandbox side of the dspy facade"""', setup=True
+    )
+    assert (
+        describe(setup) == "· sandbox set up [run-abcdefgh] (the framework's code, not the model's)"
+    )

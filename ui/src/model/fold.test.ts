@@ -154,6 +154,23 @@ describe("fold", () => {
     expect(view.turns.map((t) => t.fallback)).toEqual([note, ""]);
   });
 
+  it("keeps the framework's set-up code out of the cells the model wrote", () => {
+    const log = new Log();
+    log.add({ type: "session.created" });
+    log.add({ type: "turn.requested", message: "count" }, { turn: "a" });
+    log.add({ type: "run.started", kind: "rlm", tree: "tr" }, { turn: "a", run: "r1" });
+    log.add(
+      { type: "run.cell_executed", code: '"""dspy facade"""', cell_id: "c0", setup: true },
+      { turn: "a", run: "r1" },
+    );
+    log.add(
+      { type: "run.cell_executed", code: "print(1)", cell_id: "c1", iteration: 0 },
+      { turn: "a", run: "r1" },
+    );
+    const view = fold(emptyView(), log.frames);
+    expect(view.cellOrder).toEqual(["c1"]);
+  });
+
   it("shows refusals, failures, cancels and the pending question", () => {
     const log = new Log();
     log.add({ type: "session.created" });

@@ -243,6 +243,7 @@ function apply(d: Draft, frame: EventFrame): void {
     case "run.cell_executed": {
       const run = env.run ? d.run(env.run) : undefined;
       if (!run) return;
+      if (data.setup) return; // the framework's set-up code: not a cell the model wrote
       const key = data.cell_id || `${run.id}#${seq}`;
       if (v.cells[key]) return;
       v.cells = d.own(v.cells);

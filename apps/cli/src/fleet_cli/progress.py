@@ -22,6 +22,8 @@ def describe(frame: dict[str, Any]) -> str:
     kind = str(data.get("type"))
     run = str(envelope.get("run") or "")[:12]
     match kind:
+        case "run.cell_executed" if data.get("setup"):
+            return f"· sandbox set up [{run}] (the framework's code, not the model's)"
         case "run.cell_executed":
             outcome = (
                 f"error: {_first_line(data.get('error'), 60)}"

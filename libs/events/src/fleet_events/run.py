@@ -125,6 +125,9 @@ class CellExecuted(Event, frozen=True, kw_only=True, tag="run.cell_executed"):
     stdout_blob: BlobRef | None = None
     outcome: str = ""
     value: Any = None
+    setup: bool = False
+    """The framework's own set-up code (dspy's sandbox facade, run before the first
+    iteration), not a cell the model wrote: kept for replay, not shown as the model's."""
 
 
 class LlmCalled(Event, frozen=True, kw_only=True, tag="run.llm_called"):

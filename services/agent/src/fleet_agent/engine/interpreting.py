@@ -186,6 +186,7 @@ class RecordingInterpreter(RemoteInterpreter):
                 stdout_blob=blob,
                 outcome=_outcome_kind(reply, error),
                 value=value,
+                setup=self._hooks.iteration is None,
             )
         )
 

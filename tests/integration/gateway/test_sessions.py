@@ -100,6 +100,23 @@ async def test_a_tenant_or_user_in_the_body_is_refused_and_nothing_is_stored(
     assert tail == []
 
 
+async def test_a_body_nested_past_the_json_reader_is_a_422_and_stores_nothing(
+    api: Api, js: JetStreamContext
+) -> None:
+    tenant = tenant_id()
+    deep = b'{"title": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = await api.call(
+        "POST", "/api/v1/sessions", tenant, content=deep,
+        headers={"content-type": "application/json"},
+    )  # fmt: skip
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["code"] == "body_unreadable"
+    assert "POST /api/v1/sessions is not JSON this API can read" in body["message"]
+    tail = [e async for e in (await _store(js)).replay(f"fleet.session.{tenant}.>")]
+    assert tail == []
+
+
 async def test_another_tenants_session_is_404_on_every_route(api: Api) -> None:
     owner, other = tenant_id(), tenant_id()
     session, _ = await _create(api, owner, "private")

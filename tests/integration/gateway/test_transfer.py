@@ -176,6 +176,22 @@ async def test_a_tampered_import_is_refused_naming_the_event_and_stores_nothing(
     assert [r async for r in store.read_raw(f"fleet.session.{target}.>")] == []
 
 
+async def test_deeply_nested_json_is_a_422_naming_the_line_and_stores_nothing(
+    gateway: Gateway, js: JetStreamContext
+) -> None:
+    # the import answered 500 (a RecursionError in the JSON reader) to this
+    target = f"b{new_id()[:8]}"
+    deep = b'{"subject": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    async with gateway.client(target) as client:
+        response = await client.post("/api/v1/sessions/import", content=deep)
+    assert response.status_code == 422, response.text
+    error = response.json()
+    assert error["code"] == "export_invalid"
+    assert "line 1 nests JSON deeper than any export does" in error["message"]
+    store = await open_store(js, streams.SESSIONS)
+    assert [r async for r in store.read_raw(f"fleet.session.{target}.>")] == []
+
+
 async def test_another_tenants_session_cannot_be_exported_or_restored(
     gateway: Gateway, js: JetStreamContext
 ) -> None:

@@ -77,7 +77,7 @@ def blob_refs(value: Any) -> Iterator[tuple[str, str, int]]:
 def payload_refs(payload: bytes) -> list[tuple[str, str, int]]:
     try:
         return list(blob_refs(json.loads(payload)))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past any event's shape
         return []
 
 
@@ -156,6 +156,12 @@ def _parse(lines: Iterable[bytes], bundle: Bundle) -> ChainFault | None:
             )  # fmt: skip
         except SigningError as exc:
             return _fault(None, f"line {number}: {exc}")
+        except RecursionError:
+            return _fault(
+                None,
+                f"export line {number} nests JSON deeper than any export does: it is not an "
+                "export fleet wrote",
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return _fault(None, f"export line {number} is unreadable: {exc!r}")
     return None

@@ -138,6 +138,16 @@ def install(app: FastAPI) -> None:
                 "method_not_allowed",
                 f"{request.method} is not allowed on {request.url.path!r}: see /openapi.json",
             )
+        elif exc.status_code == 400 and "parsing the body" in str(exc.detail):
+            # FastAPI's own answer to a body its JSON reader gave up on (malformed, or nested
+            # past the reader's stack): the request's content is the problem, said as such
+            error = ApiError(
+                422,
+                "body_unreadable",
+                f"the body of {request.method} {request.url.path} is not JSON this API can "
+                "read (malformed, or nested deeper than any request fleet defines); send a "
+                "JSON object as /openapi.json describes",
+            )
         else:
             error = ApiError(exc.status_code, "http_error", str(exc.detail))
         error.headers.update(dict(exc.headers or {}))
@@ -150,6 +160,20 @@ def install(app: FastAPI) -> None:
         )
         error.headers["Retry-After"] = "1"
         return respond(error)
+
+    async def too_deep(request: Request, exc: Exception) -> JSONResponse:
+        # JSON nested past the reader's stack (FastAPI's body parse, an import's lines): the
+        # sender's input, not the gateway's fault; nothing was stored
+        log.info("request nested too deep", extra={"path": request.url.path})
+        return respond(
+            ApiError(
+                422,
+                "body_too_deep",
+                f"the body of {request.method} {request.url.path} nests JSON deeper than this "
+                "API accepts; send a flatter body (no request fleet defines nests more than a "
+                "few levels)",
+            )
+        )
 
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         incident = uuid.uuid4().hex
@@ -169,4 +193,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(StoreUnavailable, store_unavailable)
     app.add_exception_handler(BlobUnavailable, store_unavailable)
+    app.add_exception_handler(RecursionError, too_deep)
     app.add_exception_handler(Exception, unexpected)

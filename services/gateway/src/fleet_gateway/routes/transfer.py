@@ -250,6 +250,12 @@ def carried_keys(lines: list[bytes]) -> KeySet | None:
     gateway with no pinned keys checks the bundle against itself); None when it has none."""
     try:
         carried = exported_keys(lines[:1])
+    except RecursionError as exc:  # a reader's stack, not a 500: it is the sender's JSON
+        raise ApiError(
+            422, "export_invalid",
+            "export line 1 nests JSON deeper than any export does: it is not an export fleet "
+            "wrote; nothing was imported",
+        ) from exc  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError, SigningError) as exc:
         raise ApiError(
             422, "export_invalid",

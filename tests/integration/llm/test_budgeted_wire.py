@@ -4,6 +4,7 @@ the seed, a grammar of the adapter's fields), and the answer streamed to `on_del
 recorded call holds the whole response."""
 
 import os
+import time
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -111,7 +112,7 @@ def test_the_answer_streams_to_on_delta_and_the_record_holds_the_whole_reply(
     assert (status.calls_recorded, status.tokens_used) == (1, 120)
 
 
-def test_a_reply_without_an_answer_field_is_not_streamed(tenant: Tenant) -> None:
+def test_a_reply_without_an_answer_field_sends_no_delta(tenant: Tenant) -> None:
     with ScriptedLM(["just the text an llm_query gets"]) as fake:
         tenant.profile(model="openai/scripted", api_base=fake.base_url)
         tree = tenant.open_tree(max_llm_calls=2)
@@ -119,6 +120,56 @@ def test_a_reply_without_an_answer_field_is_not_streamed(tenant: Tenant) -> None
         text = lm("summarise this")
         streamed = fake.requests[-1].stream
     assert text == ["just the text an llm_query gets"]
-    assert not streamed
+    assert streamed  # every call streams, so the agent can bound it (the tests below)
     assert deltas == []
     assert len(calls) == 1
+
+
+WORDS = " ".join(f"w{n}" for n in range(200))
+
+
+def test_a_call_past_its_token_bound_is_cut_and_its_request_closed(tenant: Tenant) -> None:
+    # the embedded llama.cpp server produced 694 to 2,158 tokens under a 512-token bound
+    with ScriptedLM([Reply(WORDS, pace_s=0.01)]) as fake:
+        tenant.profile(model="openai/scripted", api_base=fake.base_url, max_tokens=5)
+        tree = tenant.open_tree(max_llm_calls=2)
+        lm, calls, _ = streaming_lm(tenant, tree)
+        with pytest.raises(Exception, match="bound of 5 output tokens"):
+            lm("summarise this")
+        eventually_ended(fake, 0)
+        sent = fake.streamed[0]
+    (call,) = calls
+    assert call.error_code == "llm_error"
+    assert "6 streamed" in call.error
+    assert call.completion_tokens == 6  # what it generated is still counted
+    assert sent < 200  # the server stopped: the request was closed, not read to its end
+
+
+def test_a_call_past_its_timeout_stops_the_server_and_says_how_slow_it_was(
+    tenant: Tenant,
+) -> None:
+    slow = Reply(WORDS, pace_s=0.05)  # 10 s to generate the whole reply
+    with ScriptedLM([slow, "the next call's answer"]) as fake:
+        tenant.profile(model="openai/scripted", api_base=fake.base_url, timeout_s=1.0)
+        tree = tenant.open_tree(max_llm_calls=3)
+        lm, calls, _ = streaming_lm(tenant, tree)
+        with pytest.raises(Exception, match="timeout of 1 s"):
+            lm("summarise this")
+        eventually_ended(fake, 0)
+        sent = fake.streamed[0]
+        assert lm("and now?") == ["the next call's answer"]
+    first, second = calls
+    assert first.error_code == "llm_timeout"
+    assert "tokens/s" in first.error
+    assert "Raise timeout_s" in first.error
+    assert 0 < sent < 200  # cut after about a second, not generated to its end
+    assert second.error == ""
+    assert second.latency_ms < 5_000  # the next call did not wait out the abandoned one
+
+
+def eventually_ended(fake: ScriptedLM, index: int) -> None:
+    """Bounded wait until the fake's stream `index` stopped generating (the client closed)."""
+    deadline = time.monotonic() + 10
+    while index not in fake.streams_ended:
+        assert time.monotonic() < deadline, "the fake server was never told the call ended"
+        time.sleep(0.01)

@@ -54,6 +54,9 @@ class Reply:
     error_code: str = "scripted_error"
     retry_after: float | None = None
     hang: bool = False
+    pace_s: float = 0.0
+    """Streamed replies: the wait before each piece (a slow model's generation speed); the
+    pieces sent before the client closed the stream are counted in `ScriptedLM.streamed`."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,12 @@ class ScriptedLM:
         self.model = model
         self.calls: collections.Counter[str] = collections.Counter()
         self.requests: list[ScriptedRequest] = []
+        self.streamed: list[int] = []
+        self.streams_ended: set[int] = set()
+        """Indexes (into `streamed`) of the streams whose generation stopped: all sent, or the
+        client gone."""
+        """Per streamed reply, in order: the text pieces sent before it ended or the client
+        closed it (a reply's whole text is `len(re.findall(...))` pieces)."""
         self.refused_auth = 0
         self._gates: dict[str, Gate] = {}
         self._stopping = threading.Event()
@@ -319,8 +328,16 @@ class ScriptedLM:
             return f"data: {json.dumps(body)}\n\n".encode()
 
         yield chunk({"role": "assistant", "content": ""}, None)
-        for piece in re.findall(r"\S+\s*|\s+", reply.text):
-            yield chunk({"content": piece}, None)
+        index = len(self.streamed)
+        self.streamed.append(0)
+        try:
+            for piece in re.findall(r"\S+\s*|\s+", reply.text):
+                if reply.pace_s:
+                    await asyncio.sleep(reply.pace_s)  # the fake model's generation speed
+                yield chunk({"content": piece}, None)
+                self.streamed[index] += 1
+        finally:
+            self.streams_ended.add(index)
         yield chunk({}, reply.finish_reason)
         if usage is not None:
             tail = {

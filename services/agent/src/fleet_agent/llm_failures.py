@@ -59,6 +59,9 @@ class LlmFailure:
     site: CallSite
     status: int | None = None
     retry_after_s: float | None = None
+    detail: str = ""
+    """The whole message when the agent itself cut the call (`lm.CallCut`: what was slow,
+    the tokens so far, the speed, and what to do)."""
 
     @property
     def retryable(self) -> bool:
@@ -71,6 +74,8 @@ class LlmFailure:
     @property
     def message(self) -> str:
         """What happened, to which profile and model, and what to do."""
+        if self.detail:
+            return f"the {_where(self)}: {self.detail}"
         return _MESSAGES[self.code](self)
 
 

@@ -266,6 +266,7 @@ class BudgetedEngine:
         error = ""
         failure: LlmFailure | None = None
         answered = _Answered()
+        bound = CallBound.of(request, profile.timeout_s, started)
         try:
             engine = LiteLLMEngine(
                 api_key=api_key,
@@ -273,10 +274,17 @@ class BudgetedEngine:
                 timeout=profile.timeout_s,
                 wire_model=profile.model,
             )
-            if self.on_delta is not None and _streams_answer(request):
-                response = self._streamed(engine, request, self.on_delta, answered)
-            else:
-                response = engine.complete(request)
+            streams = self.on_delta is not None and _streams_answer(request)
+            on_delta = self.on_delta if streams else None
+            # always streamed: the product bounds each call's output and time itself, and a
+            # call it gives up on is closed, so the server stops generating for no one
+            response = self._streamed(engine, request, on_delta, answered, bound)
+        except CallCut as exc:
+            error = str(exc)
+            failure = LlmFailure(
+                code=exc.code, site=call_site(profile, self.scope.role), detail=str(exc)
+            )
+            answered.tokens = exc.tokens
         except Exception as exc:
             error = scrub(f"{type(exc).__name__}: {exc}", api_key)
             failure = classify(exc, call_site(profile, self.scope.role))
@@ -286,7 +294,8 @@ class BudgetedEngine:
             left = None if self.run_deadline is None else self.run_deadline - time.time()
             wait = retry_wait(failure, retries, left)
         prompt = (response.usage.input_tokens or 0) if response else 0
-        completion = (response.usage.output_tokens or 0) if response else 0
+        # a call cut short still cost what it generated before the cut
+        completion = (response.usage.output_tokens or 0) if response else answered.tokens
         spent = cost(profile.prices, prompt, completion)
         self.report(
             RecordUsage(
@@ -335,13 +344,17 @@ class BudgetedEngine:
         return response
 
     def _streamed(
-        self, engine: LiteLLMEngine, request: Request, on_delta: OnDelta, answered: "_Answered"
-    ) -> Response:
-        """The whole response, assembled from the stream while the answer's text goes out."""
+        self, engine: LiteLLMEngine, request: Request, on_delta: OnDelta | None,
+        answered: "_Answered", bound: "CallBound",
+    ) -> Response:  # fmt: skip
+        """The whole response, assembled from the stream while the answer's text goes out
+        (`on_delta`, when the call streams an answer field); `bound` is checked at every
+        delta, and a call past it is cut (`CallCut`): raising here closes the stream, and
+        with it the request, so the server stops generating."""
         field = FieldStream(STREAMED_FIELD)
 
         def send(text: str) -> None:
-            if not text:
+            if not text or on_delta is None:
                 return
             answered.any = True
             try:
@@ -350,11 +363,20 @@ class BudgetedEngine:
                 log.warning("an answer delta could not be published", exc_info=True)
 
         def tapped(events: Any) -> Any:
-            for event in events:
-                if event.type == "delta" and getattr(event.delta, "type", "") == "text":
-                    send(field.feed(event.delta.text or ""))
-                yield event
-            send(field.finish())
+            try:
+                for event in events:
+                    if event.type == "delta" and getattr(event.delta, "type", "") == "text":
+                        answered.tokens += 1
+                        bound.check(answered.tokens)
+                        send(field.feed(event.delta.text or ""))
+                    yield event
+                send(field.finish())
+            finally:
+                # a cut raised here leaves the engine's stream suspended, its connection
+                # open and the server generating; closing it closes the request now
+                close = getattr(events, "close", None)
+                if close is not None:
+                    close()
 
         return materialize_response(tapped(engine.stream(request)), request)
 
@@ -369,9 +391,62 @@ class BudgetedEngine:
 
 
 class _Answered:
-    """Whether any of the answer went out as a delta (a call that did is not asked again)."""
+    """Whether any of the answer went out as a delta (a call that did is not asked again),
+    and how many text deltas (about one a token: what a server streams) came in."""
 
     any = False
+    tokens = 0
+
+
+class CallCut(Exception):
+    """The product cut a model call short: past its output-token bound, or past its time."""
+
+    def __init__(self, code: str, message: str, tokens: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.tokens = tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class CallBound:
+    """What one call may take, enforced here whatever the server honours (the embedded
+    llama.cpp server went 694 to 2,158 tokens past a 512-token bound): at most `max_tokens`
+    output tokens, and nothing after `timeout_s` from `started` (monotonic)."""
+
+    max_tokens: int | None
+    timeout_s: float
+    started: float
+
+    @classmethod
+    def of(cls, request: Request, timeout_s: float, started: float) -> "CallBound":
+        config = request.config
+        limit = config.max_tokens
+        if limit is None:  # llama.cpp's own field (`llm_wire.for_server`)
+            extra = (config.extensions or {}).get("max_tokens")
+            limit = extra if isinstance(extra, int) else None
+        return cls(max_tokens=limit, timeout_s=timeout_s, started=started)
+
+    def check(self, tokens: int) -> None:
+        if self.max_tokens is not None and tokens > self.max_tokens:
+            raise CallCut(
+                "llm_error",
+                f"the model went past the call's bound of {self.max_tokens} output tokens "
+                f"({tokens} streamed): the request was closed so the server stops; the server "
+                "does not honour max_tokens (for llama.cpp set server_kind 'llama.cpp' on the "
+                "profile) or the bound is too low for the answer",
+                tokens,
+            )
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.timeout_s:
+            rate = tokens / elapsed if elapsed > 0 else 0.0
+            raise CallCut(
+                "llm_timeout",
+                f"the model call ran past the profile's timeout of {self.timeout_s:g} s: "
+                f"{tokens} tokens in {elapsed:.1f} s ({rate:.1f} tokens/s); the request was "
+                "closed so the server stops generating for no one. Raise timeout_s of the "
+                "profile, lower max_tokens, or use a faster model",
+                tokens,
+            )
 
 
 class AsyncBudgetedEngine:

@@ -134,10 +134,12 @@ class Session:
     session: str
 
     async def use_model(
-        self, fake: ScriptedLM, roles: tuple[str, ...] = ("planner", "delegate")
+        self, fake: ScriptedLM, roles: tuple[str, ...] = ("planner", "delegate"), **fields: Any
     ) -> None:
         config = await LlmConfig.open(self.nc.jetstream())
-        profile = LlmProfile(name="scripted", model="openai/scripted", api_base=fake.base_url)
+        profile = LlmProfile(
+            name="scripted", model="openai/scripted", api_base=fake.base_url, **fields
+        )
         await config.put_profile(profile, tenant=self.tenant)
         for role in roles:
             await config.set_role(role, profile.name, tenant=self.tenant)

@@ -11,8 +11,14 @@ import pytest
 
 from fleet_events import new_id
 from fleet_events.run import ComputeDecided, Escalated, FellBack, ToolCalled, ToolReturned
-from fleet_events.session import DocumentLoaded, DocumentRef, TurnCompleted, TurnRequested
-from fleet_harness.scripted_lm import ScriptedLM
+from fleet_events.session import (
+    DocumentLoaded,
+    DocumentRef,
+    TurnCompleted,
+    TurnFailed,
+    TurnRequested,
+)
+from fleet_harness.scripted_lm import Reply, ScriptedLM
 from fleet_mesh.blobs import JetStreamBlobs
 
 from .rlm_kit import Processes, fields, of_type, processes, session
@@ -123,3 +129,30 @@ async def test_a_question_code_does_not_compute_stays_with_cot_and_says_why(
     assert (decided.computable, decided.rule) == (False, "none")
     assert of_type(events, ToolCalled) == []
     assert of_type(events, Escalated) == []
+
+
+async def test_an_rlm_only_turn_whose_model_call_times_out_fails_naming_it(
+    processes: Processes,
+) -> None:
+    # a 600 s call in rlm_only fell back to chain of thought and ended "completed" with a made
+    # up count, while the server generated to its cap for a caller who had left
+    words = " ".join(f"w{n}" for n in range(400))
+    slow = Reply(words, pace_s=0.05)  # 20 s of generation
+    with ScriptedLM([slow, cot("a guess")]) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake, timeout_s=3.0, max_tokens=1000)
+            turn = new_id()
+            await s.append(turn, TurnRequested(message="Count the lines", mode="rlm_only"))
+            ended = await s.ended(turn, timeout=120)
+            events = await s.run_events(turn)
+            ended_streams = set(fake.streams_ended)
+            sent = list(fake.streamed)
+    assert isinstance(ended, TurnFailed), ended
+    assert ended.code == "llm_timeout"
+    assert "ran past the profile's timeout of 3 s" in ended.error
+    assert "tokens/s" in ended.error
+    assert of_type(events, FellBack) == []  # rlm_only: nothing else answered
+    assert len(fake.requests) == 1  # chain of thought was never asked
+    # the abandoned request generated far fewer than its bound: the agent closed it
+    assert 0 in ended_streams
+    assert sent[0] < 400

@@ -182,6 +182,16 @@ await scenario("drop-and-resume-mid-turn", async () => {
   await page.locator("[data-highlighted=python]").first().waitFor({ timeout: T.ui });
 });
 
+await scenario("model-call-prompt-and-reply", async () => {
+  const calls = page.getByRole("region", { name: "LLM calls" });
+  await calls.getByRole("button", { name: "prompt and reply" }).first().click();
+  const exchange = calls.getByTestId("call-exchange").first();
+  await exchange.getByTestId("call-reply").waitFor({ timeout: T.ui });
+  const text = (await exchange.textContent()) ?? "";
+  check(text.includes("What is 6 times 7?"), "the prompt shown is not the call's own");
+  check(/\[\[ ## \w+ ## \]\]/.test(text), "the reply shown is not the model's text");
+});
+
 await scenario("trace-tree-child-run", async () => {
   await page.getByRole("tab", { name: "Trace tree" }).click();
   const tree = page.getByRole("tree");

@@ -72,20 +72,64 @@ const CellItem = memo(function CellItem({ cell, depth }: { cell: Cell; depth: nu
 });
 
 const CallRow = memo(function CallRow({ c }: { c: LlmCall }) {
+  // the prompt is drawn only once asked for: a long session holds thousands of calls
+  const [open, setOpen] = useState(false);
   return (
-    <tr className={c.error ? "text-red-300" : ""}>
-      <td>{c.role}</td>
-      <td>{c.model}</td>
-      <td>
-        {c.promptTokens}/{c.completionTokens}
-      </td>
-      <td>{cost(c.cost)}</td>
-      <td>
-        {ms(c.latencyMs)}
-        {c.cached ? " (cached)" : ""}
-        {c.error ? ` · ${c.error}` : ""}
-      </td>
-    </tr>
+    <>
+      <tr className={c.error ? "text-red-300" : ""} data-call={c.key}>
+        <td>{c.role}</td>
+        <td>{c.model}</td>
+        <td>
+          {c.promptTokens}/{c.completionTokens}
+        </td>
+        <td>{cost(c.cost)}</td>
+        <td>
+          {ms(c.latencyMs)}
+          {c.cached ? " (cached)" : ""}
+          {c.error ? ` · ${c.error}` : ""}
+        </td>
+      </tr>
+      <tr>
+        <td colSpan={5}>
+          <div data-testid="call-exchange">
+            <button
+              type="button"
+              className="text-slate-300 underline"
+              aria-expanded={open}
+              onClick={() => setOpen((o) => !o)}
+            >
+              prompt and reply
+            </button>
+            {!open ? null : c.prompt === null ? (
+              <p className="text-slate-300">
+                the prompt is over the inline limit: the trace export holds it whole
+              </p>
+            ) : (
+              c.prompt.map((m, i) => (
+                // biome-ignore lint/suspicious/noArrayIndexKey: a prompt's messages never reorder
+                <div key={i} className="mt-1">
+                  <span className="text-xs uppercase text-slate-300">{m.role}</span>
+                  <pre className="max-h-64 overflow-auto whitespace-pre-wrap rounded bg-slate-950 p-2">
+                    {m.content}
+                  </pre>
+                </div>
+              ))
+            )}
+            {open ? (
+              <>
+                <span className="text-xs uppercase text-slate-300">reply</span>
+                <pre
+                  className="max-h-64 overflow-auto whitespace-pre-wrap rounded bg-slate-950 p-2"
+                  data-testid="call-reply"
+                >
+                  {c.reply === null ? "(over the inline limit: see the trace export)" : c.reply}
+                </pre>
+              </>
+            ) : null}
+          </div>
+        </td>
+      </tr>
+    </>
   );
 });
 

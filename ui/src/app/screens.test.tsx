@@ -57,7 +57,7 @@ describe("execution panel", () => {
       screen.getAllByRole("button", { name: `Show ${hidden} earlier` })[0] as HTMLElement,
     );
     expect(shown()).toEqual(view.cellOrder);
-    expect(container.querySelectorAll("tbody tr").length).toBe(view.llmOrder.length);
+    expect(container.querySelectorAll("tbody tr[data-call]").length).toBe(view.llmOrder.length);
   });
 });
 
@@ -73,5 +73,36 @@ describe("transcript", () => {
       screen.getByRole("button", { name: `Show ${view.turns.length - SHOWN_TURNS} earlier turns` }),
     );
     expect(shown()).toEqual(view.turns.map((t) => t.id));
+  });
+});
+
+describe("a model call's prompt and reply", () => {
+  it("are one click away under the call's row, from the record", async () => {
+    const { Log } = await import("../model/fixtures");
+    const log = new Log();
+    log.add({ type: "session.created" });
+    log.add({ type: "turn.requested", message: "hi" }, { turn: "t1" });
+    log.add({ type: "run.started", kind: "chat", tree: "tr" }, { turn: "t1", run: "r1" });
+    log.add(
+      {
+        type: "run.llm_called",
+        role: "planner",
+        model: "m",
+        call_id: "k1",
+        messages: [
+          { role: "system", content: "You answer questions." },
+          { role: "user", content: "What is 17 * 23?" },
+        ],
+        response: "[[ ## code ## ]]\nprint(17 * 23)",
+      },
+      { turn: "t1", run: "r1" },
+    );
+    render(<ExecutionPanel view={fold(emptyView(), log.frames)} />);
+    const exchange = screen.getByTestId("call-exchange");
+    expect(exchange.textContent).not.toContain("What is 17 * 23?"); // drawn only when asked
+    fireEvent.click(screen.getByRole("button", { name: "prompt and reply" }));
+    expect(exchange.textContent).toContain("What is 17 * 23?");
+    expect(exchange.textContent).toContain("You answer questions.");
+    expect(screen.getByTestId("call-reply").textContent).toBe("[[ ## code ## ]]\nprint(17 * 23)");
   });
 });

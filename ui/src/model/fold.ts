@@ -288,6 +288,15 @@ function apply(d: Draft, frame: EventFrame): void {
         latencyMs: data.latency_ms ?? 0,
         error: data.error ?? "",
         cached: data.cached ?? false,
+        prompt: Array.isArray(data.messages)
+          ? data.messages.map((m) => ({
+              role: m.role,
+              content: typeof m.content === "string" ? m.content : JSON.stringify(m.content ?? ""),
+            }))
+          : data.messages
+            ? null
+            : [],
+        reply: typeof data.response === "string" ? data.response : data.response ? null : "",
         seq,
       };
       v.llmOrder = d.own(v.llmOrder);

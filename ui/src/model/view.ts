@@ -53,6 +53,11 @@ export interface LlmCall {
   latencyMs: number;
   error: string;
   cached: boolean;
+  /** The prompt as sent, one entry a message; null when the record keeps it in the object
+   * store (a prompt over the inline limit): the trace export has it whole. */
+  prompt: { role: string; content: string }[] | null;
+  /** The reply's text; null when offloaded like the prompt. */
+  reply: string | null;
   seq: number;
 }
 

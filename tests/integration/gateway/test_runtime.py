@@ -95,6 +95,32 @@ async def test_status_shows_the_tenants_own_roles_and_what_is_missing(
     assert PLANTED not in fixed.text
 
 
+async def test_a_global_profiles_address_is_shown_to_admins_only(
+    api: Api, stores: LlmStores, agent: str
+) -> None:
+    # every tenant saw the operator's api_base (the embedded server, an internal proxy)
+    tenant = tenant_id()
+    internal = "http://10.1.2.3:8080/v1"
+    profile = LlmProfile(name=f"ops{tenant}", model="openai/scripted", api_base=internal)
+    await stores.llm.put_profile(profile, tenant=None)
+    for role in ("planner", "delegate"):
+        await stores.llm.set_role(role, profile.name, tenant=tenant)
+    seen = await api.call("GET", "/api/v1/runtime/status", tenant)
+    assert seen.status_code == 200, seen.text
+    planner = {r["role"]: r for r in seen.json()["roles"]}["planner"]
+    assert (planner["profile"], planner["model"], planner["api_base"]) == (
+        profile.name, "openai/scripted", None,
+    )  # fmt: skip
+    assert internal not in seen.text
+    admin = {"Authorization": f"Bearer {api.token(tenant, admin=True)}"}
+    full = await api.client.get("/api/v1/runtime/status", headers=admin)
+    assert {r["role"]: r for r in full.json()["roles"]}["planner"]["api_base"] == internal
+    # the tenant's own profile's address is the tenant's: shown to it
+    await _bind(stores, tenant, model="openai/scripted", api_base="http://127.0.0.1:9/v1")
+    own = (await api.call("GET", "/api/v1/runtime/status", tenant)).json()
+    assert {r["role"]: r for r in own["roles"]}["planner"]["api_base"] == "http://127.0.0.1:9/v1"
+
+
 async def test_the_lm_probe_runs_on_the_tenants_profile_and_never_shows_its_key(
     api: Api, stores: LlmStores, agent: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -238,6 +238,9 @@ class RoleStatus(msgspec.Struct, frozen=True, kw_only=True):
     has_secret: bool = False
     secret_found: bool = False
     problem: str = ""
+    global_profile: bool = False
+    """The profile is the deployment's (global scope), not the tenant's own: its address is
+    the operator's, shown to admins only."""
 
 
 class AgentStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -105,6 +105,7 @@ async def role_status(stores: LlmStores, role: str, tenant: str) -> RoleStatus:
         has_secret=profile.secret is not None,
         secret_found=profile.secret is not None and found,
         problem=problem,
+        global_profile=stored.tenant is None,
     )
 
 

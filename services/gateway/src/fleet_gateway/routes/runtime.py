@@ -143,9 +143,12 @@ async def runtime_status(principal: CurrentPrincipal, request: Request) -> Runti
             ready=False, llm_ready=False, agent_replica=None, roles=[],
             guidance=[exc.message], components=components,
         )  # fmt: skip
+    # a global profile's address is the operator's (the embedded server, an internal proxy):
+    # a tenant sees its own profiles' addresses, an admin every one
     roles = [
         RoleStatus(
-            role=r.role, profile=r.profile, model=r.model, api_base=r.api_base,
+            role=r.role, profile=r.profile, model=r.model,
+            api_base=r.api_base if admin or not r.global_profile else None,
             has_api_key=r.has_secret, api_key_found=r.secret_found, problem=r.problem,
         )
         for r in agent.roles

@@ -184,10 +184,18 @@ def _refused(bundle: Bundle, pinned: bool) -> ApiError:
 
 
 def _rehome(image: SessionImage, refs: dict[str, BlobRef]) -> SessionImage:
+    """The image as the importing tenant's: its documents in this tenant's object store, and
+    no sandbox of the source's (an imported session gets a fresh one when it first needs
+    one, made like the source's: same repository, ref, context paths and volume). The source's
+    sandbox id and its host workspace path are not carried over: the sandbox is another
+    session's (perhaps another tenant's), and the path is the source host's."""
     docs = tuple(
         msgspec.structs.replace(d, blob=refs.get(d.blob.sha256, d.blob)) for d in image.documents
     )
-    return msgspec.structs.replace(image, documents=docs)
+    interpreter = image.interpreter
+    if interpreter is not None:
+        interpreter = msgspec.structs.replace(interpreter, sandbox=None, workspace="")
+    return msgspec.structs.replace(image, documents=docs, interpreter=interpreter)
 
 
 @router.post("/import", response_model=Imported, status_code=201, responses=ERRORS)

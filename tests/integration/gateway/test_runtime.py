@@ -17,7 +17,7 @@ from nats.js import JetStreamContext
 
 from fleet_agent.profiles import LlmStores, register_agent_verbs
 from fleet_events.llm import LlmProfile
-from fleet_harness.scripted_lm import ScriptedLM
+from fleet_harness.scripted_lm import Reply, ScriptedLM
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
@@ -149,6 +149,28 @@ async def test_the_lm_probe_runs_on_the_tenants_profile_and_never_shows_its_key(
     assert (theirs.json()["ok"], theirs.json()["preflight_ok"]) == (False, False)
     for text in (response.text, theirs.text, caplog.text):
         assert PLANTED not in text
+
+
+async def test_a_failed_probe_says_its_kind_never_the_peers_body(
+    api: Api, stores: LlmStores, agent: str
+) -> None:
+    # a tenant's api_base may point at anything the agent reaches: its answer's body (and a
+    # Python traceback) came back in the probe's error
+    mine = tenant_id()
+    inside = "INTERNAL-ADMIN-PAGE: db password hunter2"
+    with ScriptedLM([Reply(inside, status=500)]) as fake:
+        await _bind(stores, mine, model="openai/scripted", api_base=fake.base_url)
+        response = await api.call("POST", "/api/v1/runtime/tests/lm", mine, json={})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["ok"] is False
+    assert body["error"].startswith("llm_unavailable: ")
+    assert "HTTP 500" in body["error"]
+    assert inside not in response.text
+    assert "Traceback" not in response.text
+    assert body["guidance"] == [
+        "the model server failed: check the address, the key and the model name"
+    ]
 
 
 async def test_a_bad_probe_request_names_the_field_and_its_allowed_values(

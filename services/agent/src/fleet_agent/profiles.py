@@ -11,6 +11,7 @@ with the speed measured at start, and what to do when it is not up.
 """
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -19,7 +20,9 @@ from dspy.lm15 import Config, Message, Request
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from fleet_agent.llm_failures import classify
 from fleet_agent.lm import NO_KEY, scrub
+from fleet_agent.lm_errors import call_site
 from fleet_events import bus, check_id, streams, utc_now
 from fleet_events.llm import (
     LOCAL_MODEL_KEY,
@@ -122,6 +125,23 @@ async def agent_status(stores: LlmStores, replica: str, request: GetAgentStatus)
     return AgentStatus(replica=replica, tenant=tenant, ready=ready, roles=roles, guidance=guidance)
 
 
+log = logging.getLogger("fleet.agent.profiles")
+
+PROBE_GUIDANCE = {
+    "llm_timeout": "the model server answered too slowly: it may be busy (a local model under "
+    "load is slower); ask again, or raise the profile's timeout_s",
+    "llm_unreachable": "nothing answered at the profile's address: check api_base and that the "
+    "server runs",
+    "llm_auth_failed": "the server refused the key: store the right secret for the profile",
+    "llm_model_not_found": "the server does not know the model: check the profile's model name",
+    "llm_rate_limited": "the server is rate limiting this key: ask again later",
+    "llm_quota_exceeded": "the key's quota or billing is spent: see the provider's account",
+    "llm_error": "the model server failed: check the address, the key and the model name",
+}
+"""What to do after a failed probe, by the failure's kind (the earlier text always blamed the
+address, the key or the model name, even for a server that was up and merely slow)."""
+
+
 def _probe(stored: StoredProfile, key: str, timeout_s: float) -> str:
     profile = stored.profile
     engine = LiteLLMEngine(
@@ -214,12 +234,20 @@ async def test_lm(stores: LlmStores, request: TestLm) -> TestLmResult:
         )
     except Exception as exc:
         latency = round((time.monotonic() - started) * 1000, 1)
-        error = scrub(f"{type(exc).__name__}: {exc}", key)[:2000]
-        guidance.append(
-            f"the model server at {profile.api_base or 'the provider default'} did not answer: "
-            "check the address, the key and that the model name exists there"
-        )
-        return result(latency_ms=latency, error=error, profile=profile.name, model=profile.model)
+        # what failed, by its kind: never the peer's body or a traceback (a tenant's api_base
+        # may point anywhere the agent reaches, and its answer would come back here); the
+        # operator's log keeps the scrubbed text
+        failure = classify(exc, call_site(profile, request.role))
+        log.info(
+            "lm probe failed",
+            extra={"profile": profile.name, "code": failure.code,
+                   "error": scrub(f"{type(exc).__name__}: {exc}", key)[:2000]},
+        )  # fmt: skip
+        guidance.append(PROBE_GUIDANCE.get(failure.code, PROBE_GUIDANCE["llm_error"]))
+        return result(
+            latency_ms=latency, error=f"{failure.code}: {failure.message}", profile=profile.name,
+            model=profile.model,
+        )  # fmt: skip
     latency = round((time.monotonic() - started) * 1000, 1)
     answered_ok = text.strip().strip(".").upper() == "OK"
     if not answered_ok:

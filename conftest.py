@@ -8,3 +8,8 @@ pytest_plugins = ["fleet_harness.fixtures"]
 # leave its own meshes in the user's: every test process and the processes it starts get a
 # state home of their own.
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="fleet-test-state-")
+
+# A tenant's LLM profile may reach public addresses only (fleet_events.addresses); the suite's
+# model servers are fakes on loopback, so this test deployment allows loopback, as an operator
+# would allow an internal range. The tests of the policy clear it for their own processes.
+os.environ.setdefault("FLEET_EGRESS_ALLOW", "127.0.0.0/8")

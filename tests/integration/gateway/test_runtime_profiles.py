@@ -264,3 +264,32 @@ async def test_a_bad_seed_or_server_kind_is_refused_naming_it_and_stores_nothing
     after = await api.call("GET", f"{BASE}/ok", tenant)
     assert after.json()["revision"] == created.json()["revision"], "a refused PATCH was stored"
     assert (after.json()["seed"], after.json()["server_kind"]) == (3, "generic")
+
+
+async def test_a_profile_at_an_internal_address_is_refused_and_nothing_stored(
+    api: Api, js: JetStreamContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_EGRESS_ALLOW", "")  # the suite allows loopback for its fakes
+    mine = tenant_id()
+    for base in ("http://127.0.0.1:9/v1", "http://2130706433:9/v1", "http://169.254.169.254/"):
+        created = await api.call("POST", BASE, mine, json={
+            "name": "inner", "model": "openai/x", "api_base": base, "api_key": PLANTED,
+        })  # fmt: skip
+        assert created.status_code == 422, created.text
+        body = created.json()
+        assert body["code"] == "address_not_public"
+        assert body["details"] == {"field": "api_base"}
+        assert "must be at a public address" in body["message"]
+    assert (await api.call("GET", BASE, mine)).json()["items"] == []
+    assert await _history(js, streams.SECRETS.bucket, secret_key("llm-inner", mine)) == []
+    # a stored profile moved to an internal address by a PATCH is refused the same way
+    monkeypatch.setenv("FLEET_EGRESS_ALLOW", "127.0.0.0/8")
+    made = await api.call("POST", BASE, mine, json={
+        "name": "main", "model": "openai/x", "api_base": "http://127.0.0.1:9/v1",
+    })  # fmt: skip
+    assert made.status_code == 201, made.text
+    monkeypatch.setenv("FLEET_EGRESS_ALLOW", "")
+    moved = await api.call("PATCH", f"{BASE}/main", mine, json={"api_base": "http://10.0.0.1/"})
+    assert (moved.status_code, moved.json()["code"]) == (422, "address_not_public")
+    kept = await api.call("GET", f"{BASE}/main", mine)
+    assert kept.json()["api_base"] == "http://127.0.0.1:9/v1"

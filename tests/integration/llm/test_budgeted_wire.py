@@ -173,3 +173,22 @@ def eventually_ended(fake: ScriptedLM, index: int) -> None:
     while index not in fake.streams_ended:
         assert time.monotonic() < deadline, "the fake server was never told the call ended"
         time.sleep(0.01)
+
+
+def test_a_tenants_profile_at_a_loopback_address_is_never_called(
+    tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a tenant's api_base at localhost made the agent read the deployment's own network;
+    # this deployment allows no range (the suite's conftest allows loopback for its fakes)
+    monkeypatch.setenv("FLEET_EGRESS_ALLOW", "")
+    with ScriptedLM(["the deployment's internal page"]) as fake:
+        for base in (fake.base_url, fake.base_url.replace("127.0.0.1", "2130706433")):
+            tenant.profile(model="openai/scripted", api_base=base)
+            tree = tenant.open_tree(max_llm_calls=2)
+            lm, calls, _ = streaming_lm(tenant, tree)
+            with pytest.raises(Exception, match="a loopback address"):
+                lm("what is at this address?")
+            (call,) = calls
+            assert call.error_code == "llm_bad_request"
+            assert "must be at a public address" in call.error
+        assert fake.requests == []  # nothing was sent

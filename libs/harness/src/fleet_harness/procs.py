@@ -14,6 +14,7 @@ from typing import IO
 from nats.errors import NoRespondersError
 
 from fleet_events import bus
+from fleet_events.addresses import ALLOW_ENV
 from fleet_events.bus import Ping, Pong
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
@@ -140,13 +141,17 @@ def package_of(service: str, env: dict[str, str]) -> str:
 
 def base_env(nats_url: str, replica: str) -> dict[str, str]:
     """What a service process gets from the harness: nothing of the test's own environment
-    beyond PATH."""
-    return {
+    beyond PATH and the deployment's egress allow-list (the suite's model servers, fakes all,
+    listen on loopback only: conftest.py allows it, a test of the policy clears it)."""
+    env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "NATS_URL": nats_url,
         "FLEET_REPLICA": replica,
         "PYTHONUNBUFFERED": "1",
     }
+    if ALLOW_ENV in os.environ:
+        env[ALLOW_ENV] = os.environ[ALLOW_ENV]
+    return env
 
 
 def start_answering(

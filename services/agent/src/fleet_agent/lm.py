@@ -51,6 +51,7 @@ from fleet_agent.lm_errors import BudgetSpent, LmCallFailed, LmNotConfigured, ca
 from fleet_agent.lm_usage import CallScope, LmServices, PendingUsage, RequestKind, Runner, Submit
 from fleet_agent.run.seams import in_own_thread
 from fleet_events import bus
+from fleet_events.addresses import AddressRefused
 from fleet_events.budget import (
     ATTEMPT_TIMEOUT_S,
     CLIENT_DEADLINE_S,
@@ -62,7 +63,7 @@ from fleet_events.budget import (
 from fleet_events.envelope import new_id
 from fleet_events.llm import InvalidProfile, LlmProfile, cost
 from fleet_events.run import ChatMessage, LlmCalled, request_digest
-from fleet_mesh import rpc
+from fleet_mesh import egress, rpc
 from fleet_mesh.runtime_config import ProfileNotFound, StoredProfile
 from fleet_mesh.secrets import SecretError
 
@@ -224,7 +225,10 @@ class BudgetedEngine:
             with attempt:  # attempt.num counts from 1: the retries made before this one
                 granted = first if attempt.num == 1 else self._granted()
                 retries = retries_made + attempt.num - 1
-                return self._attempt(request, stored.profile, api_key, retries, granted)
+                return self._attempt(
+                    request, stored.profile, api_key, retries, granted,
+                    tenant_scoped=stored.tenant is not None,
+                )  # fmt: skip
         raise AssertionError("unreachable: stamina re-raises the last attempt's error")
 
     async def _resolve_and_grant(self) -> tuple[StoredProfile, str, tuple[str, GrantReply]]:
@@ -252,8 +256,11 @@ class BudgetedEngine:
         api_key: str,
         retries: int,
         granted: tuple[str, GrantReply],
+        *,
+        tenant_scoped: bool = False,
     ) -> Response:
-        """One granted, recorded provider call; a failure raises `LmCallFailed`."""
+        """One granted, recorded provider call; a failure raises `LmCallFailed`.
+        `tenant_scoped`: the profile is a tenant's, whose address must be public."""
         grant_id, reply = granted
         if not reply.granted:
             message = reply.message or f"budget spent: {reply.reason or 'grant refused'}"
@@ -268,6 +275,10 @@ class BudgetedEngine:
         answered = _Answered()
         bound = CallBound.of(request, profile.timeout_s, started)
         try:
+            if tenant_scoped and profile.api_base is not None:
+                # a tenant's address is called only while it resolves to public addresses:
+                # checked at every call, not only when stored (a name can change its answer)
+                egress.check(profile.api_base)
             engine = LiteLLMEngine(
                 api_key=api_key,
                 api_base=profile.api_base,
@@ -285,6 +296,11 @@ class BudgetedEngine:
                 code=exc.code, site=call_site(profile, self.scope.role), detail=str(exc)
             )
             answered.tokens = exc.tokens
+        except AddressRefused as exc:  # nothing was sent
+            error = str(exc)
+            failure = LlmFailure(
+                code="llm_bad_request", site=call_site(profile, self.scope.role), detail=str(exc)
+            )
         except Exception as exc:
             error = scrub(f"{type(exc).__name__}: {exc}", api_key)
             failure = classify(exc, call_site(profile, self.scope.role))

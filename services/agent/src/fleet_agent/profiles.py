@@ -24,6 +24,7 @@ from fleet_agent.llm_failures import classify
 from fleet_agent.lm import NO_KEY, scrub
 from fleet_agent.lm_errors import call_site
 from fleet_events import bus, check_id, streams, utc_now
+from fleet_events.addresses import AddressRefused
 from fleet_events.llm import (
     LOCAL_MODEL_KEY,
     ROLES,
@@ -40,6 +41,7 @@ from fleet_events.llm import (
     decode_local_state,
     local_state_line,
 )
+from fleet_mesh import egress
 from fleet_mesh.rpc import BadRequest
 from fleet_mesh.runtime_config import LlmConfig, ProfileNotFound, StoredProfile
 from fleet_mesh.secrets import SecretError, SecretsReader, private_key_from_env
@@ -227,6 +229,14 @@ async def test_lm(stores: LlmStores, request: TestLm) -> TestLmResult:
             guidance.append(local.advice or LOCAL_NOT_UP)
             return result(profile=profile.name, model=profile.model)
 
+    if stored.tenant is not None and profile.api_base is not None:
+        try:
+            await egress.acheck(profile.api_base)
+        except AddressRefused as exc:
+            checks.append(LmCheck(name="address", ok=False, detail=str(exc)))
+            guidance.append("point the profile at the model server's public address")
+            return result(error=f"address_not_public: {exc}", profile=profile.name,
+                          model=profile.model)  # fmt: skip
     started = time.monotonic()
     try:
         text = await asyncio.wait_for(

@@ -27,11 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from fleet_events import bus, streams
 from fleet_events import llm as lm
+from fleet_events.addresses import AddressRefused
 from fleet_gateway.auth import CurrentTenant
 from fleet_gateway.errors import ApiError, ErrorBody
 from fleet_gateway.routes.common import Strict
 from fleet_gateway.routes.runtime import PROBE_SLACK_S, LmProbeResult, ask_agent, probe_result
-from fleet_mesh import kvscan
+from fleet_mesh import egress, kvscan
 from fleet_mesh.runtime_config import LlmConfig, ProfileConflict, ProfileNotFound, StoredProfile
 from fleet_mesh.secrets import SecretError, SecretsWriter, public_key_from_env, secret_key
 
@@ -171,6 +172,17 @@ async def _writer(js: Any) -> SecretsWriter:
     return await SecretsWriter.open(js, key)
 
 
+async def _public(profile: lm.LlmProfile) -> None:
+    """A tenant's profile reaches public addresses only (`fleet_events.addresses`), checked
+    after DNS resolution, before anything is sealed or stored."""
+    if profile.api_base is None:
+        return  # the provider's own default address
+    try:
+        await egress.acheck(profile.api_base)
+    except AddressRefused as exc:
+        raise ApiError(422, "address_not_public", str(exc), details={"field": "api_base"}) from None
+
+
 async def _put(
     config: LlmConfig, profile: lm.LlmProfile, tenant: str, expect: int
 ) -> StoredProfile:
@@ -239,6 +251,7 @@ async def create_profile(
         lm.check_profile(draft)
     except lm.InvalidProfile as exc:
         raise _invalid(exc) from None  # before the key is sealed: a refusal stores nothing
+    await _public(draft)
     if await config.get_profile(body.name, tenant=tenant) is not None:
         raise ApiError(
             409, "llm_profile_exists",
@@ -288,6 +301,7 @@ async def patch_profile(
         lm.check_profile(updated)
     except (lm.InvalidProfile, TypeError) as exc:
         raise _invalid(exc) from None
+    await _public(updated)
     if body.api_key is not None:  # rotation: the new sealed value, then the profile points at it
         secret = await _seal(js, name, body.api_key, tenant)
         updated = lm.LlmProfile(**{**_fields(updated), "secret": secret})

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from nats.js import JetStreamContext
 from websockets.asyncio.client import connect
@@ -222,3 +223,48 @@ async def test_two_replicas_redeem_each_others_tickets_and_stream_the_same(
         await ws_one.close()
         await ws_two.close()
     assert got_one == got_two
+
+
+async def test_revoking_an_api_token_closes_its_sockets_and_refuses_its_tickets(
+    nats_server: NatsServer, js: JetStreamContext, tmp_path: Path
+) -> None:
+    # M5: a ticket minted before a revoke opened a socket after it, turns were accepted, and
+    # open sockets kept streaming; two replicas: the revoke lands on one, the socket on the other
+    async with (
+        serve(nats_server.url, tmp_path / "gw", replica="gw-a") as a,
+        serve(nats_server.url, tmp_path / "gw", replica="gw-b") as b,
+    ):
+        tenant = f"t{new_id()[:8]}"
+        async with a.client(tenant) as admin:
+            issued = await admin.post("/api/v1/auth/tokens", json={"name": "ci", "ttl_s": 600})
+            assert issued.status_code == 201, issued.text
+        token, token_id = issued.json()["token"], issued.json()["id"]
+        bearer = {"Authorization": f"Bearer {token}"}
+
+        async def ticket() -> str:
+            async with httpx.AsyncClient(base_url=b.url, headers=bearer) as client:
+                minted = await client.post("/api/v1/auth/ws-ticket")
+            assert minted.status_code == 200, minted.text
+            return str(minted.json()["ticket"])
+
+        open_socket = await connect(f"{b.ws_url}/api/v1/ws/execution?ticket={await ticket()}")
+        await open_socket.send(json.dumps({"type": "nope"}))  # answered: the socket is live
+        assert json.loads(await asyncio.wait_for(open_socket.recv(), 10))["type"] == "error"
+        spare = await ticket()  # minted before the revoke, used after it
+
+        async with httpx.AsyncClient(base_url=a.url, headers=bearer) as client:
+            revoked = await client.delete(f"/api/v1/auth/tokens/{token_id}")
+        assert revoked.status_code == 200, revoked.text
+
+        with pytest.raises(ConnectionClosed) as closed:  # the open socket is closed by b
+            await asyncio.wait_for(open_socket.recv(), 10)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 4401
+        assert json.loads(closed.value.rcvd.reason) == {"code": "token_revoked", "token": token_id}
+
+        late = await connect(f"{b.ws_url}/api/v1/ws/execution?ticket={spare}")
+        with pytest.raises(ConnectionClosed) as refused:
+            await asyncio.wait_for(late.recv(), 10)
+        assert refused.value.rcvd is not None
+        assert refused.value.rcvd.code == 4401
+        assert json.loads(refused.value.rcvd.reason)["code"] == "invalid_ticket"

@@ -124,7 +124,28 @@ class ApiTokens:
             raise _refused(f"{token_id!r} is unknown or revoked")
         if stored.expires_at < time.time():
             raise _refused(f"{token_id!r} has expired")
-        return Principal(tenant=stored.tenant, user=stored.user, admin=stored.admin)
+        return Principal(
+            tenant=stored.tenant, user=stored.user, admin=stored.admin, token_id=stored.id
+        )
+
+    async def alive(self, tenant: str, token_id: str) -> bool:
+        """Is the token still issued and unexpired (a ticket it minted may still open)?"""
+        stored = await self._get(tenant, token_id)
+        return stored is not None and stored.expires_at >= time.time()
+
+    async def revoked(self, tenant: str, token_id: str) -> None:
+        """Return once the token is revoked (its entry deleted or purged) or gone: what an
+        open socket opened with it waits on, on every replica (a KV watch, no polling)."""
+        watcher = await self._kv.watch(_key(tenant, token_id))
+        try:
+            if not await self.alive(tenant, token_id):  # revoked before the watch began
+                return
+            while True:
+                entry = await watcher.updates(timeout=None)  # type: ignore[no-untyped-call]
+                if entry is not None and entry.operation in ("DEL", "PURGE"):
+                    return
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
 
     async def list(self, tenant: str) -> list[StoredToken]:
         """The tenant's live tokens, oldest first (read on the server's side of the filter:

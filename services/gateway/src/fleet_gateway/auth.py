@@ -47,6 +47,9 @@ class Principal(BaseModel):
     tenant: str
     user: str
     admin: bool = False
+    token_id: str | None = None
+    """The API token the caller presented (None: a gateway or OIDC token): a ticket it mints
+    and a socket it opens end when the token is revoked."""
 
 
 def _unauthorized(code: str, message: str) -> ApiError:

@@ -30,6 +30,8 @@ class _Stored(msgspec.Struct, frozen=True):
     user: str
     admin: bool
     expires_at: float
+    token_id: str | None = None
+    """The API token that minted the ticket: redeemed only while that token lives."""
 
 
 def _key(ticket: str) -> str:
@@ -52,7 +54,9 @@ class Tickets:
     async def mint(self, principal: Principal) -> tuple[str, float]:
         ticket = secrets.token_urlsafe(32)
         expires_at = time.time() + self.ttl_s
-        stored = _Stored(principal.tenant, principal.user, principal.admin, expires_at)
+        stored = _Stored(
+            principal.tenant, principal.user, principal.admin, expires_at, principal.token_id
+        )
         await self._kv.create(_key(ticket), msgspec.json.encode(stored))
         return ticket, expires_at
 
@@ -71,7 +75,9 @@ class Tickets:
             raise _refused("is unknown, expired or already used") from None
         if stored.expires_at < time.time():
             raise _refused("has expired")
-        return Principal(tenant=stored.tenant, user=stored.user, admin=stored.admin)
+        return Principal(
+            tenant=stored.tenant, user=stored.user, admin=stored.admin, token_id=stored.token_id
+        )
 
 
 async def redeem_ticket(connection: HTTPConnection, ticket: str) -> Principal:
@@ -86,4 +92,12 @@ async def redeem_ticket(connection: HTTPConnection, ticket: str) -> Principal:
             "names what is missing)",
             headers={"Retry-After": "1"},
         )
-    return await tickets.redeem(ticket)
+    principal = await tickets.redeem(ticket)
+    api_tokens = connection.app.state.gateway.api_tokens
+    if principal.token_id is not None and (
+        api_tokens is None or not await api_tokens.alive(principal.tenant, principal.token_id)
+    ):
+        raise _refused(
+            f"was minted with API token {principal.token_id!r}, since revoked or expired"
+        )
+    return principal

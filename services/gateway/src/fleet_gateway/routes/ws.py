@@ -23,9 +23,11 @@ import json
 import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from nats.errors import Error as NatsError
 
 from fleet_events.ids import InvalidId, check_id
 from fleet_events.session import InputProvided, TurnRequested
+from fleet_gateway.api_tokens import ApiTokens
 from fleet_gateway.auth import Principal
 from fleet_gateway.errors import ApiError
 from fleet_gateway.frames import (
@@ -72,6 +74,19 @@ class _Socket:
         self.trace_mode: TraceMode = "compact"
         self.last_turn: dict[str, str] = {}
         self.ended: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self.revocation: asyncio.Task[None] | None = None
+        tokens = ws.app.state.gateway.api_tokens
+        if principal.token_id is not None and tokens is not None:
+            # opened with an API token: the socket ends when the token is revoked
+            self.revocation = asyncio.create_task(self._until_revoked(tokens, principal.token_id))
+
+    async def _until_revoked(self, tokens: ApiTokens, token_id: str) -> None:
+        try:
+            await tokens.revoked(self.principal.tenant, token_id)
+        except (StoreError, NatsError, TimeoutError):  # the watch failed: the socket cannot
+            self._end(CLOSE_BUS, _reason("revocation_watch_failed"))  # stay open unwatched
+            return
+        self._end(CLOSE_AUTH, _reason("token_revoked", token=token_id))
 
     async def send(self, text: str) -> None:
         async with self.lock:
@@ -106,6 +121,13 @@ class _Socket:
     def _end(self, code: int, reason: str) -> None:
         if not self.ended.done():
             self.ended.set_result((code, reason))
+
+    async def stop(self) -> None:
+        if self.revocation is not None:
+            self.revocation.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.revocation
+        await self.stop_watch()
 
     async def stop_watch(self) -> None:
         if self.pump is not None:
@@ -188,7 +210,7 @@ async def _serve(sock: _Socket, frames: bool) -> None:
             await _frame(sock, text)
     finally:
         reader.cancel()
-        await sock.stop_watch()
+        await sock.stop()
 
 
 async def _frame(sock: _Socket, text: str) -> None:

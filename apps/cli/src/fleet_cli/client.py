@@ -83,6 +83,8 @@ class TurnResult:
     fallback: str = ""
     """`turn.completed`'s fallback line: set when a lower module answered after one failed."""
     answered_by: str = ""
+    turn_known: bool = False
+    """`turn` is the gateway's (its `accepted` frame came), not yet only the frame's key."""
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -173,19 +175,23 @@ class Gateway:
         repo_url: str | None = None,
         repo_ref: str | None = None,
     ) -> TurnResult:
-        """Send one message over `/ws/execution` and read until that turn ends. The turn id is
-        made here, so a resent frame stores once and the ending is told apart from any other
-        turn's events on the same session. `cancel` set sends a cancel frame for the turn. A
+        """Send one message over `/ws/execution` and read until that turn ends. The frame's id
+        is made here, so a resent frame stores once (the gateway's idempotency key); the turn's
+        own id is the one the gateway's `accepted` frame names (it is not the key: events of
+        the turn seen before it are held until it comes), so the ending is told apart from any
+        other turn's events on the same session. `cancel` set sends a cancel frame for the turn. A
         dropped socket does not stop the turn on the mesh: the rest is read from the passive
         socket after the last sequence seen (at most `resumes` times)."""
         session = session or new_id()
-        turn = new_id()
-        result = TurnResult(session, turn, "failed")
+        key = new_id()
+        result = TurnResult(session, key, "failed")
+        early: list[dict[str, Any]] = []
+        """Event frames that came before the `accepted` frame named the turn."""
         cancel = cancel or asyncio.Event()
         last_seq = 0
         accepted = False
         frame: dict[str, Any] = {
-            "type": "message", "session_id": session, "turn_id": turn,
+            "type": "message", "session_id": session, "id": key,
             "content": message, "execution_mode": mode,
             "document_ids": list(document_ids), "context_paths": list(context_paths),
         }  # fmt: skip
@@ -201,17 +207,27 @@ class Gateway:
                 async with self.socket(path, **query) as ws:
                     if attempt == 0:
                         await ws.send(json.dumps(frame))
-                    send = self._cancel_over(ws if attempt == 0 else None, session, turn)
+                    send = self._cancel_over(ws if attempt == 0 else None, session, result)
                     async for item in _frames(ws, cancel, send):
                         on_frame(item)
-                        accepted = accepted or item.get("type") in ("accepted", "event")
-                        if item.get("type") == "error":
+                        kind = item.get("type")
+                        if kind == "accepted" and item.get("frame") == "message":
+                            result.turn = str(item.get("turn_id") or key)
+                            result.turn_known = accepted = True
+                            if any(_ended(held, result.turn, result) for held in early):
+                                return result
+                            continue
+                        if kind == "error":
                             result.error = f"{item.get('code')}: {item.get('message')}"
                             return result
-                        if item.get("type") != "event":
+                        if kind != "event":
                             continue
                         last_seq = max(last_seq, int(item.get("seq") or 0))
-                        if _ended(item, turn, result):
+                        if not accepted and attempt == 0:
+                            early.append(item)
+                            continue
+                        accepted = True
+                        if _ended(item, result.turn, result):
                             return result
             except ConnectionClosed as exc:
                 if not accepted:  # the turn may not exist: waiting for it could be forever
@@ -221,21 +237,24 @@ class Gateway:
                 on_frame({"type": "dropped", "reason": str(exc), "after_seq": last_seq})
                 continue
         raise ClientError(
-            f"the socket kept dropping before turn {turn} ended; the turn runs on: "
+            f"the socket kept dropping before turn {result.turn} ended; the turn runs on: "
             f"`fleet sessions show {session}`"
         )
 
     def _cancel_over(
-        self, ws: ClientConnection | None, session: str, turn: str
+        self, ws: ClientConnection | None, session: str, result: TurnResult
     ) -> Callable[[], Awaitable[None]]:
         """A cancel frame on the execution socket; the passive socket takes no frames, so
-        after a resume the cancel goes by the HTTP route."""
+        after a resume the cancel goes by the HTTP route. The turn is read when the cancel is
+        sent (`result.turn`: the accepted frame's, once it came)."""
 
         async def send() -> None:
+            turn = result.turn
             if ws is not None:
-                await ws.send(
-                    json.dumps({"type": "cancel", "session_id": session, "turn_id": turn})
-                )
+                # before the accepted frame the turn's id is not known yet: a cancel without one
+                # cancels the socket's last turn, which is this one once the gateway took it
+                cancel = {"type": "cancel", "session_id": session}
+                await ws.send(json.dumps(cancel | ({"turn_id": turn} if result.turn_known else {})))
             else:
                 await self.answer(
                     "POST",

@@ -323,14 +323,45 @@ def test_a_starting_broker_kills_what_a_dead_broker_left_running(
         "int(os.read(read, 32))"
     )
     assert isinstance(stray, int)
+    # the sandbox runs in a pid namespace of its own (issue 28): the pid it printed is the
+    # namespace's; the host's is the one whose NSpid ends with it, working in this sandbox
+    host = host_pid(stray, box.sandbox)
     first.kill()
-    assert Path(f"/proc/{stray}").exists()  # the broker's death alone does not stop it
+    assert Path(f"/proc/{host}").exists()  # the broker's death alone does not stop it
     # Another replica starting on this host (not the dead one's successor, which would also
     # reap its sandboxes from the log) still kills what the dead broker left running.
     brokers.start("sbx-orphans-neighbour")
     wait_replica(bus, "sbx-orphans-neighbour")
-    eventually_sync(lambda: not Path(f"/proc/{stray}").exists(), timeout=30,
+    eventually_sync(lambda: not _alive(host), timeout=30,
                     what="the stray killed by the starting broker")  # fmt: skip
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper has stopped running)."""
+    try:
+        return " (Z)" not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:4]
+    except OSError:
+        return False
+
+
+def host_pid(ns_pid: int, sandbox: str) -> int:
+    """The host pid of the process that is `ns_pid` in its namespace and works in `sandbox`'s
+    directory tree (its cwd names the sandbox)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines()
+                      if line.startswith("NSpid:")), [])  # fmt: skip
+        if nspid and nspid[-1] == str(ns_pid) and sandbox in cwd:
+            found.append(int(entry.name))
+    assert len(found) == 1, f"host pids of {ns_pid} in sandbox {sandbox}: {found}"
+    return found[0]
 
 
 @pytest.mark.slow

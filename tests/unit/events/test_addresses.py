@@ -23,8 +23,8 @@ def ips(*text: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         ("172.16.0.9", "private"),
         ("192.168.1.1", "private"),
         ("100.64.0.1", "private"),  # carrier-grade NAT: not global
-        ("169.254.169.254", "link-local (the cloud metadata address is one)"),
-        ("fe80::1", "link-local (the cloud metadata address is one)"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
         ("0.0.0.0", "unspecified"),
         ("224.0.0.1", "multicast"),
         ("fc00::1", "private"),

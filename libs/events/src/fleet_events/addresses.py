@@ -32,7 +32,7 @@ def kind_of(ip: IP) -> str | None:
     if ip.is_unspecified:
         return "unspecified"
     if ip.is_link_local:
-        return "link-local (the cloud metadata address is one)"
+        return "link-local"  # the cloud metadata address, 169.254.169.254, is one
     if ip.is_multicast:
         return "multicast"
     if ip.is_private or not ip.is_global:

@@ -27,30 +27,37 @@ def _addresses(infos: list[tuple[object, ...]]) -> list[IP]:
     return [ipaddress.ip_address(str(info[4][0])) for info in infos]  # type: ignore[index]
 
 
+def _judged(
+    url: str, host: str, infos: list[tuple[object, ...]] | None, env: Mapping[str, str] | None
+) -> None:
+    if infos is None:
+        raise AddressRefused(f"api_base {url[:200]!r}: its host {host!r} does not resolve")
+    problem = refusal(url, _addresses(infos), allowed(env))
+    if problem is not None:
+        raise AddressRefused(problem)
+
+
 def check(url: str, env: Mapping[str, str] | None = None) -> None:
     host, port = host_of(url)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos: list[tuple[object, ...]] | None = list(
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        )
     except OSError:
-        raise AddressRefused(
-            f"api_base {url[:200]!r}: its host {host!r} does not resolve"
-        ) from None
-    problem = refusal(url, _addresses(list(infos)), allowed(env))
-    if problem is not None:
-        raise AddressRefused(problem)
+        infos = None
+    _judged(url, host, infos, env)
 
 
 async def acheck(url: str, env: Mapping[str, str] | None = None) -> None:
     host, port = host_of(url)
+    loop = asyncio.get_running_loop()
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos: list[tuple[object, ...]] | None = list(
+            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        )
     except OSError:
-        raise AddressRefused(
-            f"api_base {url[:200]!r}: its host {host!r} does not resolve"
-        ) from None
-    problem = refusal(url, _addresses(list(infos)), allowed(env))
-    if problem is not None:
-        raise AddressRefused(problem)
+        infos = None
+    _judged(url, host, infos, env)
 
 
 __all__ = ["AddressRefused", "acheck", "allowed", "check"]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from fleet_agent.run.failures import InputError
+from fleet_events.addresses import kind_of
 
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -49,29 +50,6 @@ def system_resolve(host: str, port: int) -> list[IP]:
 
 def tcp_connect(ip: IP, port: int, timeout: float) -> socket.socket:
     return socket.create_connection((str(ip), port), timeout=timeout)
-
-
-def _unwrapped(ip: IP) -> IP:
-    """An IPv4-mapped IPv6 address (`::ffff:127.0.0.1`) is judged as the IPv4 it carries."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
-
-
-def kind_of(ip: IP) -> str | None:
-    """Why an address is not public (None: it is)."""
-    ip = _unwrapped(ip)
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_unspecified:
-        return "unspecified"
-    if ip.is_link_local:
-        return "link-local"
-    if ip.is_multicast:
-        return "multicast"
-    if ip.is_private or not ip.is_global:
-        return "private"
-    return None
 
 
 def public_only(ip: IP) -> bool:

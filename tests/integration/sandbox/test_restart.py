@@ -237,6 +237,38 @@ def test_an_interpreter_notices_its_broker_dying_mid_cell(
 
 
 @pytest.mark.slow
+def test_an_interpreter_notices_its_sandbox_restarted_under_a_cell(
+    brokers: Brokers, bus: SandboxBus
+) -> None:
+    """A broker SIGKILLed and started again under a running cell revives the session's
+    sandbox in place (REPL memory gone): the probe answers "running" again, and before the
+    fix the cell waited for its reply until `request_timeout_s` (an hour by default). The
+    interpreter now sees its context gone and says the sandbox was restarted; a probe that
+    finds no broker while one restarts is asked again, not taken for a loss at once."""
+    first = brokers.start("sbx-back")
+    wait_replica(bus, "sbx-back")
+    info = create_on(bus, "sbx-back", labels={"session": "s9", "role": "session"})
+    repl = RemoteInterpreter(bus, info.sandbox, liveness_s=0.5, request_timeout_s=90)
+    restarted = threading.Event()
+
+    def restart_the_broker() -> int:
+        first.kill()  # the cell waits on this tool: the reply goes to a broker now gone
+        brokers.start("sbx-back")
+        answering(bus, info.sandbox)
+        restarted.set()
+        return 1
+
+    repl.tools["restart_the_broker"] = restart_the_broker
+    with pytest.raises(CodeInterpreterError, match="was restarted during the cell"):
+        repl.execute("restart_the_broker()")
+    assert restarted.is_set()
+    again = RemoteInterpreter(bus, info.sandbox)
+    assert again.execute("1 + 1") == 2
+    again.shutdown()
+    bus.delete_sandbox(info.sandbox)
+
+
+@pytest.mark.slow
 def test_requests_reach_the_replica_holding_the_sandbox(brokers: Brokers, bus: SandboxBus) -> None:
     brokers.start("rep-a")
     brokers.start("rep-b")

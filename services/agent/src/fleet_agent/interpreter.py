@@ -23,6 +23,7 @@ import inspect
 import json
 import keyword
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +84,7 @@ class RemoteInterpreter:
         callback_timeout_s: float = 600.0,
         request_timeout_s: float = 3600.0,
         liveness_s: float = 10.0,
+        lost_after_s: float = 15.0,
         live: tuple[str, str | None] | None = None,
     ) -> None:
         """`live`: (live subject, run) to relay what running cells print to, as
@@ -97,6 +99,9 @@ class RemoteInterpreter:
         self.callback_timeout_s = callback_timeout_s
         self.request_timeout_s = request_timeout_s
         self.liveness_s = liveness_s
+        self.lost_after_s = lost_after_s
+        """How long probes may find no broker before the cell is given up: a broker restarting,
+        or the bus reconnecting after a NATS restart, answers again within it."""
         self._state_lock = threading.Lock()
         self._exec_lock = threading.Lock()
         self._started = False
@@ -280,13 +285,16 @@ class RemoteInterpreter:
 
     def _await_cell(self, request: sb.Execute) -> sb.ExecuteReply:
         """Wait for the cell, checking every `liveness_s` that a broker still holds the
-        sandbox: a cell can legitimately run for long (host tools excluded from its wall
-        limit), but a dead broker replica must not leave this thread waiting for an hour."""
+        sandbox and its REPL context: a cell can legitimately run for long (host tools
+        excluded from its wall limit), but a dead broker replica, or one started again under
+        the cell (the sandbox revived in place, its REPL memory gone), must not leave this
+        thread waiting for an hour for a reply no one will send."""
         call = rpc.call_verb(
             self.bus.nc, verbs.EXECUTE, request, target=self.sandbox,
             timeout=self.request_timeout_s,
         )  # fmt: skip
         pending = self.bus.submit(call)
+        unanswered_since: float | None = None
         while True:
             try:
                 return pending.result(self.liveness_s)
@@ -295,12 +303,24 @@ class RemoteInterpreter:
                     request_id=new_id(), tenant=self.bus.tenant, sandbox=self.sandbox
                 )
                 try:
-                    self.bus.call(verbs.GET_SANDBOX, probe, target=self.sandbox, timeout=5)
+                    info = self.bus.call(verbs.GET_SANDBOX, probe, target=self.sandbox, timeout=5)
                 except (NoRespondersError, TimeoutError, NatsTimeout) as exc:
+                    now = time.monotonic()
+                    unanswered_since = unanswered_since or now
+                    if now - unanswered_since < self.lost_after_s:
+                        continue  # asked again: a broker restarting answers within the grace
                     pending.cancel()
                     raise CodeInterpreterError(
                         f"sandbox {self.sandbox} went away during the cell: {_describe(exc)}"
                     ) from exc
+                unanswered_since = None
+                if info.status != "running" or self.context not in info.contexts:
+                    pending.cancel()
+                    raise CodeInterpreterError(
+                        f"sandbox {self.sandbox} was restarted during the cell (now "
+                        f"{info.status}, without REPL context {self.context}): the cell's "
+                        "result and the REPL state it ran in are lost; files are kept"
+                    ) from None
 
     def _outcome(self, reply: sb.ExecuteReply) -> Any:
         match reply.kind:

@@ -4,20 +4,22 @@ question, or left by a holder that died).
 """
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fleet_agent.chat.resume import Crashed, Resume, answer_text, crashed, rebuild
+from fleet_agent.chat.tools.kit import Logged
 from fleet_agent.chat.turn_context import read_context
 from fleet_agent.engine.model import EngineMesh, root_run_id
 from fleet_agent.lenient import LenientCodec
 from fleet_agent.runners import TurnInput
 from fleet_events import Event, streams
 from fleet_events import journal as jr
-from fleet_events.run import RunStarted
+from fleet_events.run import RunStarted, ToolReturned
 from fleet_events.session import (
     InputExpired,
     InputProvided,
     InputRequested,
+    TurnParked,
     TurnRequested,
     log_subject,
     run_subject,
@@ -73,13 +75,18 @@ async def load_resume(mesh: EngineMesh, turn: TurnInput, timeout_s: float) -> "S
     lenient = EventStore(js, streams.SESSIONS, LenientCodec(await JetStreamBlobs.open(js)))
     asked: InputRequested | None = None
     answers: dict[str, InputProvided | InputExpired] = {}
+    parked: set[str] = set()
     async for stored in lenient.replay(log_subject(turn.tenant, turn.session)):
         data = stored.envelope.data
         if isinstance(data, InputRequested) and stored.envelope.run == run:
             asked = data
         elif isinstance(data, InputProvided | InputExpired):
             answers[data.request_id] = data
-    if asked is None:
+        elif isinstance(data, TurnParked) and stored.envelope.turn == turn.turn:
+            parked.add(data.request_id)
+    if asked is None or asked.request_id not in parked:
+        # not parked on it: a holder that died waiting in the turn (or before it parked)
+        # left the question in flight, and the takeover asks it again (`load_crashed`)
         return None
     result, error = answer_text(answers.get(asked.request_id), timeout_s)
     point = rebuild(events, result)
@@ -95,6 +102,13 @@ class Taken:
     journal: jr.Journal
     head: Head
     point: Crashed | None
+    facts: dict[str, Logged[Event]] = field(default_factory=dict)
+    """The session facts the run's tool calls stored, by envelope id (`tools.kit.fact_id`)."""
+
+    @property
+    def returned(self) -> dict[str, ToolReturned]:
+        """The tool results the record holds, by call id."""
+        return {e.call_id: e for e in self.events if isinstance(e, ToolReturned)}
 
 
 async def load_crashed(mesh: EngineMesh, turn: TurnInput) -> Taken | None:
@@ -110,7 +124,14 @@ async def load_crashed(mesh: EngineMesh, turn: TurnInput) -> Taken | None:
         head = Head(stored.seq, stored.hash)
     if not events or not isinstance(events[0], RunStarted):
         return None
-    return Taken(events, journal, head, crashed(events))
+    js = mesh.bus.nc.jetstream()
+    lenient = EventStore(js, streams.SESSIONS, LenientCodec(await JetStreamBlobs.open(js)))
+    facts: dict[str, Logged[Event]] = {}
+    async for stored in lenient.replay(log_subject(turn.tenant, turn.session)):
+        envelope = stored.envelope
+        if envelope.run == run and envelope.causation:
+            facts[envelope.id] = Logged(stored.seq, envelope.data)
+    return Taken(events, journal, head, crashed(events), facts)
 
 
 @dataclass(frozen=True)

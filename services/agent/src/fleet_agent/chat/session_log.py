@@ -44,16 +44,27 @@ class LogScope:
     run: str
 
 
-async def append(mesh: EngineMesh, scope: LogScope, event: Event) -> Appended:
-    """Store `event` after whatever the log holds (the decider kernel retries a lost race)."""
+async def append(
+    mesh: EngineMesh,
+    scope: LogScope,
+    event: Event,
+    *,
+    event_id: str | None = None,
+    causation: str | None = None,
+) -> Appended:
+    """Store `event` after whatever the log holds (the decider kernel retries a lost race),
+    under `event_id` (its `Nats-Msg-Id`: a second append of one id within the duplicate
+    window is dropped) and `causation` (the tool call that made it) when given."""
+    envelope_id = event_id or new_id()
     writer = _writers.get(mesh.store)
     if writer is None:
         writer = _writers[mesh.store] = Decider(mesh.store, FACTS, capacity=256)
 
     def wrap(_: None, data: Event) -> Envelope[Event]:
         return Envelope(
-            id=new_id(), tenant=scope.tenant, session=scope.session, turn=scope.turn,
+            id=envelope_id, tenant=scope.tenant, session=scope.session, turn=scope.turn,
             run=scope.run, actor=mesh.actor, ts=utc_now(), data=data, correlation=scope.turn,
+            causation=causation,
         )  # fmt: skip
 
     subject = log_subject(scope.tenant, scope.session)

@@ -30,6 +30,7 @@ from fleet_agent.chat.tools import (
     toolset,
 )
 from fleet_agent.chat.tools.sandbox import Sandbox
+from fleet_agent.engine.journal_lm import journal_lm
 from fleet_agent.engine.model import (
     RlmResult,
     RlmTask,
@@ -38,6 +39,7 @@ from fleet_agent.engine.model import (
     RunFenced,
 )
 from fleet_agent.engine.recorder import RunRecorder
+from fleet_agent.engine.resume import Resume as EngineResume
 from fleet_agent.lm import CallScope, budgeted_lm
 from fleet_agent.run import lifecycle
 from fleet_agent.run.failures import RUNNER_ERROR, RunBroke, RunFailure, falls_back, stated, why
@@ -117,6 +119,9 @@ class TurnRun:
             self.iterations = point.iterations
             self.may_escalate = not point.fell_back
             self.fallback = point.fallback_note
+        if taken is not None:
+            self.kit.returned = taken.returned  # a recorded result is not made again
+            self.kit.stored = taken.facts  # nor a session fact stored
 
     # -- seams to the agent's loop ---------------------------------------------------------
 
@@ -368,7 +373,11 @@ class TurnRun:
                 in_flight=point.what_repeats, reused_calls=point.llm_calls,
             )
         )  # fmt: skip
-        with dspy.context(lm=self.lm(), adapter=adapter):
+        lm = self.lm()
+        if taken.journal.calls:  # a recorded answer is not asked (and paid) again
+            self.recorder.counts_reused = False  # `point.llm_calls` counted them
+            lm = journal_lm(lm, EngineResume(ctx, taken.journal), self.recorder)
+        with dspy.context(lm=lm, adapter=adapter):
             answer, module = self._modules(point)
         self.boundary()
         return self._completed(answer, module)
@@ -398,6 +407,10 @@ class TurnRun:
             start = point.trajectory or None
             if module == "rlm" and point.escalated_from_react and start:
                 trajectory = self._formatted(start)
+            if module == "code":
+                # the code route goes again from its first attempt, under the ids it had:
+                # its recorded calls and cells are answered from the record, not made again
+                self.kit.calls = self.iterations = 0
         while True:
             if move is not None:
                 self.recorder.record(move)

@@ -62,6 +62,8 @@ class RunRecorder:
         self._cells_diverged = False
         self._tools: dict[str, int] = {}
         self.llm_calls = 0
+        self.counts_reused = True
+        """A reused call adds to `llm_calls` (False: the caller counted the record's calls)."""
         self.current_cell = ""
         self.last_step_call = ""
 
@@ -101,7 +103,8 @@ class RunRecorder:
     def reused_call(self, call_id: str, kind: str) -> None:
         """A model call answered from the record: counted, and a step call is the plan's."""
         with self._lock:
-            self.llm_calls += 1
+            if self.counts_reused:
+                self.llm_calls += 1
             if kind == "step":
                 self.last_step_call = call_id
 

@@ -14,16 +14,16 @@ class Clarify:
         """Ask the user a question and wait for the answer (free text, or one of `options`).
         Use only when the message cannot be answered without them."""
         kit = self.kit
-        request_id = new_id()
         chosen = tuple(str(o)[:200] for o in (options or ())[:10])
-        seq = kit.log(
+        asked = kit.log(
             InputRequested(
-                request_id=request_id,
+                request_id=new_id(),
                 question=question[:2000],
                 options=chosen,
                 timeout_s=kit.clarify_timeout_s,
             )
-        )
+        )  # asked again after its holder died: the question stored before stands
+        request_id, seq = asked.event.request_id, asked.seq
         if kit.park:
             raise ParkTurn(request_id)
         answer = kit.ctx.mesh.bus.run(

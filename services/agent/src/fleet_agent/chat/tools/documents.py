@@ -17,7 +17,7 @@ class Documents:
         text, media = docs.text_of(data, media, origin)
         blob = self.kit.ctx.mesh.bus.put_blob(text.encode())
         ref = docs.reference(alias, source, origin, blob, text, media)
-        self.kit.log(DocumentLoaded(document=ref))
+        ref = self.kit.log(DocumentLoaded(document=ref)).event.document
         state = self.kit.state
         state.documents.pop(alias, None)
         state.documents[alias] = ref

@@ -3,13 +3,15 @@ that puts each call and result on the run's record (`recorded`), the tool's answ
 cannot do what was asked (`ToolError`), and the sandbox's files as tools read and write them.
 """
 
+import contextlib
 import functools
+import hashlib
 import inspect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import dspy
 from pydantic_core import to_jsonable_python
@@ -19,6 +21,7 @@ from fleet_agent.chat.urls import UrlLoader
 from fleet_agent.engine.model import RlmResult, RlmTask, RunContext
 from fleet_agent.engine.recorder import RunRecorder
 from fleet_agent.run.failures import InputError
+from fleet_events import Event, new_id
 from fleet_events.run import ToolCalled, ToolReturned
 from fleet_events.session import CoreMemory, DocumentRef, MemoryFile
 from fleet_mesh.rpc import RemoteError
@@ -57,6 +60,30 @@ class TurnState:
     texts: dict[str, str] = field(default_factory=dict)
 
 
+E = TypeVar("E", bound=Event)
+
+
+@dataclass(frozen=True)
+class Logged(Generic[E]):
+    """A session fact as it stands on the log: its stream sequence and the event."""
+
+    seq: int
+    event: E
+
+
+def fact_id(run: str, call_id: str, n: int) -> str:
+    """The envelope id of the `n`th session fact tool call `call_id` of `run` logs: the same
+    on every attempt, so the call run again (the one a dead holder left in flight) finds its
+    facts stored under it, and JetStream's duplicate window drops a second append."""
+    return hashlib.sha256(f"{run}/{call_id}/{n}".encode()).hexdigest()[:32]
+
+
+@dataclass
+class _Calling:
+    call_id: str
+    facts: int = 0
+
+
 @dataclass
 class ToolKit:
     """Everything a tool reaches, built per turn by the runner."""
@@ -73,15 +100,50 @@ class ToolKit:
     park: bool = False
     """Park the turn on a question (give the worker back) instead of waiting in it."""
     calls: int = 0
+    returned: dict[str, ToolReturned] = field(default_factory=dict)
+    """The results a taken-over run's record holds, by call id: a call made again under a
+    recorded id is answered from here and does not run again."""
+    stored: "dict[str, Logged[Event]]" = field(default_factory=dict)
+    """The session facts this run's tool calls stored (by envelope id, `fact_id`), read when
+    the run was taken over: a call run again finds the facts it logged before and logs none
+    twice (the fact that stands is the stored one, and the tool mirrors that)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _local: threading.local = field(default_factory=threading.local)
 
     @property
     def scope(self) -> LogScope:
         return LogScope(self.ctx.tenant, self.ctx.session, self.ctx.turn, self.ctx.run)
 
-    def log(self, event: Any) -> int:
-        """Append a session fact to the log; its stream sequence."""
-        return self.ctx.mesh.bus.run(append(self.ctx.mesh, self.scope, event), timeout=30).seq
+    def log(self, event: E) -> Logged[E]:
+        """Append a session fact to the log (under the tool call that makes it, `fact_id`);
+        the fact as it stands: the one this call stored on an earlier attempt, if any."""
+        calling: _Calling | None = getattr(self._local, "calling", None)
+        if calling is None:  # not inside a recorded call (a tool's own helper thread)
+            event_id, causation = new_id(), None
+        else:
+            calling.facts += 1
+            event_id = fact_id(self.ctx.run, calling.call_id, calling.facts)
+            causation = calling.call_id
+            stood = self.stored.get(event_id)
+            if stood is not None and type(stood.event) is type(event):
+                return cast(Logged[E], stood)
+            if stood is not None:  # decided otherwise this time: a fact of its own, kept
+                event_id = new_id()
+        appended = self.ctx.mesh.bus.run(
+            append(self.ctx.mesh, self.scope, event, event_id=event_id, causation=causation),
+            timeout=30,
+        )
+        return Logged(appended.seq, event)
+
+    @contextlib.contextmanager
+    def calling(self, call_id: str) -> Iterator[None]:
+        """The facts logged inside are tool call `call_id`'s (this thread's)."""
+        outer = getattr(self._local, "calling", None)
+        self._local.calling = _Calling(call_id)
+        try:
+            yield
+        finally:
+            self._local.calling = outer
 
     def next_call_id(self) -> str:
         with self._lock:
@@ -128,13 +190,17 @@ def recorded(kit: ToolKit, name: str, fn: Callable[..., Any]) -> dspy.Tool:
     def call(*args: Any, **kwargs: Any) -> Any:
         bound = inspect.signature(fn).bind_partial(*args, **kwargs)
         call_id = kit.next_call_id()
-        kit.recorder.record(
+        done = kit.returned.get(call_id)
+        if done is not None and done.tool == name:  # on the record already: not run again
+            return done.result
+        kit.recorder.record(  # a call the record holds begun (in flight) is not recorded twice
             ToolCalled(call_id=call_id, tool=name, args=_shown(dict(bound.arguments)))
         )
         started = time.monotonic()
         error = ""
         try:
-            result: Any = fn(*args, **kwargs)
+            with kit.calling(call_id):
+                result: Any = fn(*args, **kwargs)
         except ToolError as exc:
             error = str(exc)
             result = f"error: {error}"
@@ -159,10 +225,12 @@ __all__ = [
     "BATCH_LIMIT",
     "RESULT_CHARS",
     "Engine",
+    "Logged",
     "ParkTurn",
     "ToolError",
     "ToolKit",
     "TurnState",
+    "fact_id",
     "read_sandbox_file",
     "recorded",
     "write_sandbox_file",

@@ -18,7 +18,10 @@ class Memory:
         self.kit = kit
 
     def _decided(self, event: Any) -> str:
-        self.kit.log(event)
+        """Log the fold's decision; the state mirrors the fact that stands (the one stored
+        before, when this call runs again after its holder died: the block's whole value, so
+        the change is made once)."""
+        event = self.kit.log(event).event
         if isinstance(event, CoreMemoryChanged):
             memory = self.kit.state.memory
             values = {b: getattr(memory, b) for b in ("persona", "human", "scratchpad")}
@@ -50,7 +53,7 @@ class Memory:
         data = content.encode()
         write_sandbox_file(self.kit, self._path(path), data)
         file = MemoryFile(path=path, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
-        self.kit.log(MemoryFileWritten(file=file))
+        file = self.kit.log(MemoryFileWritten(file=file)).event.file
         self.kit.state.memory_files[path] = file
         return f"wrote memory file {path!r} ({len(data)} bytes)"
 

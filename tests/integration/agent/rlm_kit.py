@@ -69,9 +69,12 @@ def start_mesh(
     broker_env: dict[str, str] | None = None,
     agents: int = 1,
     budget_env: dict[str, str] | None = None,
+    sync_interval: str = "2m",
 ) -> Processes:
+    """`sync_interval`: the server's fsync interval ("always" for a test that kills it: what
+    was acknowledged and not synced would be lost, as on a crash of a real node)."""
     server = NatsServer(
-        store_dir=root / "store", sync_interval="2m", log_path=root / "nats.log"
+        store_dir=root / "store", sync_interval=sync_interval, log_path=root / "nats.log"
     ).start()
     keys = ensure_keypair(root / "secrets")
     sandboxes = root / "sandboxes"
@@ -118,7 +121,8 @@ def processes(
     broker: dict[str, str] = getattr(request.module, "BROKER_ENV", {})
     agents: int = getattr(request.module, "AGENTS", 1)
     budget: dict[str, str] = getattr(request.module, "BUDGET_ENV", {})
-    running = start_mesh(tmp_path_factory.mktemp("rlm-mesh"), env, broker, agents, budget)
+    sync: str = getattr(request.module, "NATS_SYNC", "2m")
+    running = start_mesh(tmp_path_factory.mktemp("rlm-mesh"), env, broker, agents, budget, sync)
     yield running
     stop_mesh(running)
 

@@ -21,6 +21,13 @@ from fleet_mesh.store import EventStore
 
 log = logging.getLogger("fleet.agent.engine")
 
+BROKER_PATIENCE_S = 120.0
+"""How long a turn asks the broker again (the same request id: the broker answers a retried
+id with its first answer) while it says `unavailable` ("retry shortly": its view of the
+sandbox log catching up after a restart, a sandbox being resumed elsewhere) or while no
+broker answers at all (one starting again)."""
+BROKER_RETRY = frozenset({"unavailable"})
+
 
 async def session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: str) -> str:
     """The session's sandbox id: resumed (or replaced on the same volume), or created; a new
@@ -38,10 +45,10 @@ async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: st
     if wanted is None and known is not None:
         wanted = (known.repo_url, known.ref)
     if known is not None and known.sandbox and wanted == (known.repo_url, known.ref):
-        info = await rpc.call_verb(
+        info = await rpc.call_verb_retrying(
             nc, bus.RESUME_SANDBOX,
             sb.ResumeSandbox(request_id=new_id(), tenant=tenant, sandbox=known.sandbox),
-            timeout=60,
+            attempt_timeout=60, deadline=BROKER_PATIENCE_S, retry_codes=BROKER_RETRY,
         )  # fmt: skip
         if info.sandbox == known.sandbox:
             return info.sandbox
@@ -55,7 +62,10 @@ async def _session_sandbox(mesh: EngineMesh, tenant: str, session: str, turn: st
             repo_url=repo_url, ref=ref,
         )  # fmt: skip
         try:
-            info = await rpc.call_verb(nc, bus.CREATE_SANDBOX, create, timeout=120)
+            info = await rpc.call_verb_retrying(
+                nc, bus.CREATE_SANDBOX, create, attempt_timeout=120,
+                deadline=BROKER_PATIENCE_S + 120, retry_codes=BROKER_RETRY,
+            )  # fmt: skip
         except rpc.RemoteError as exc:
             if repo_url is None:
                 raise

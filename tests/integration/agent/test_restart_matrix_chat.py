@@ -1,0 +1,68 @@
+"""Issue 29 item 1, for the chat runner: a chat turn survives a SIGKILL of the nats-server
+while ReAct's `rlm_query` tool waits on its child RLM run, whose model call is held at the
+scripted LM's gate (a FAKE model server; the script of `test_resume_chat`, its "during"
+point). The server is started again on its store (fsync "always") and the gate released.
+Every round: the turn completes with the answer that needs the tool's result, and each model
+call is seen once at the fake. Ten kills (`FLEET_RESTART_KILLS`)."""
+
+import os
+from functools import partial
+
+import pytest
+
+from fleet_events import new_id
+from fleet_events.run import ToolCalled
+from fleet_events.session import TurnCompleted, TurnRequested
+from fleet_harness.scripted_lm import Gate, ScriptedLM
+from fleet_harness.waits import WaitTimeout, eventually
+
+from .resume_kit import where
+from .rlm_kit import Processes, of_type, processes, session
+from .test_resume_chat import ANSWER, Case, script
+
+__all__ = ["processes"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+AGENTS = 1
+NATS_SYNC = "always"  # the server is killed: what it acknowledged must be on disk
+AGENT_ENV = {
+    "FLEET_AGENT_RUNNER": "chat",
+    "FLEET_AGENT_TURN_SLOTS": "2",
+    "FLEET_AGENT_ACK_WAIT_S": "2",
+    "FLEET_ENGINE_ACK_WAIT_S": "2",
+    "FLEET_ENGINE_MAX_ITERS": "4",
+}
+KILLS = int(os.environ.get("FLEET_RESTART_KILLS", "10"))
+
+
+def reached(gate: Gate) -> bool:
+    return gate.arrivals >= 1
+
+
+async def test_chat_turns_complete_across_a_nats_server_sigkill_under_their_tool_call(
+    processes: Processes,
+) -> None:
+    with ScriptedLM(script) as fake:
+        for n in range(KILLS):
+            async with session(processes) as s:  # a session a round: no history between
+                await s.use_model(fake)
+                case = Case("during", n)
+                gate = fake.gate(case.key("gate"))
+                turn = new_id()
+                message = f"CHATTASK during {n}: what does the tool say?"
+                await s.append(turn, TurnRequested(message=message))
+                await eventually(partial(reached, gate), timeout=90, what=str(case))
+                processes.server.kill()
+                processes.server.start()
+                gate.release()
+                try:
+                    ended = await s.ended(turn, timeout=180)
+                except WaitTimeout as exc:
+                    raise AssertionError(f"{case}: {await where(s, turn)}") from exc
+                assert isinstance(ended, TurnCompleted), (case, ended)
+                assert ended.answer == ANSWER, (case, ended.answer)
+                mine = {k: c for k, c in fake.calls.items() if k.startswith(f"during{n}:")}
+                expected = {"cot": 1, "s1": 1, "kid": 1, "s2": 1, "extract": 1}
+                assert mine == {case.key(k): c for k, c in expected.items()}, (case, mine)
+                called = of_type(await s.run_events(turn), ToolCalled)
+                assert [c.tool for c in called] == ["rlm_query"], called

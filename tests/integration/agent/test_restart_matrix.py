@@ -3,7 +3,7 @@ cell. The RLM turn's cell waits in `llm_query` on the scripted LM's gate (a FAKE
 when the server is SIGKILLed and started again on its store (fsync "always", as a node that
 must lose nothing it acknowledged); the gate is then released. Every round: the turn completes
 with the answer that needs the cell's variables, and no model call is asked twice (counted at
-the fake, per script key). Ten kills (`FLEET_RESTART_KILLS`).
+the fake, per script key). Four kills in the suite, ten with `FLEET_RESTART_KILLS=10`.
 
 Before the change the third round failed: the broker's view of the sandbox log was behind
 after the restart and its "unavailable ... retry shortly" answer to the turn's sandbox resume
@@ -26,7 +26,9 @@ __all__ = ["AGENT_ENV", "processes"]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 AGENTS = 1
 NATS_SYNC = "always"  # the server is killed: what it acknowledged must be on disk
-KILLS = int(os.environ.get("FLEET_RESTART_KILLS", "10"))
+KILLS = int(os.environ.get("FLEET_RESTART_KILLS", "4"))
+"""Kills per run: four in the suite (its time on a 2-core runner); the issue's ten with
+`FLEET_RESTART_KILLS=10` (docs/turns.md has that run's figures)."""
 
 
 def reached(gate: Gate) -> bool:

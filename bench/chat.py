@@ -20,6 +20,9 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# the bench's model server is a fake on loopback, and a tenant's profile may reach public
+# addresses only: this bench deployment allows loopback, as the suite does (conftest.py)
+os.environ.setdefault("FLEET_EGRESS_ALLOW", "127.0.0.0/8")
 
 import dspy
 from dspy.clients.engines.litellm_engine import LiteLLMEngine

@@ -17,6 +17,7 @@ never asserted.
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -25,6 +26,9 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test kits live in tests/
+# the bench's model server is a fake on loopback, and a tenant's profile may reach public
+# addresses only: this bench deployment allows loopback, as the suite does (conftest.py)
+os.environ.setdefault("FLEET_EGRESS_ALLOW", "127.0.0.0/8")
 
 from nats.aio.msg import Msg
 from tests.integration.agent.resume_kit import AGENT_ENV, Case, agents, holder, script

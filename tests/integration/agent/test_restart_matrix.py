@@ -10,15 +10,14 @@ after the restart and its "unavailable ... retry shortly" answer to the turn's s
 was not asked again (`engine.sandboxes.BROKER_PATIENCE_S`)."""
 
 import os
-from functools import partial
 
 import pytest
 
 from fleet_events.session import TurnCompleted, log_subject
-from fleet_harness.scripted_lm import Gate, ScriptedLM
-from fleet_harness.waits import WaitTimeout, eventually
+from fleet_harness.scripted_lm import ScriptedLM
+from fleet_harness.waits import WaitTimeout
 
-from .resume_kit import AGENT_ENV, Case, script, where
+from .resume_kit import AGENT_ENV, Case, gate_reached, reach_barrier, script, where
 from .rlm_kit import Processes, processes, session
 
 __all__ = ["AGENT_ENV", "processes"]
@@ -31,10 +30,6 @@ KILLS = int(os.environ.get("FLEET_RESTART_KILLS", "4"))
 `FLEET_RESTART_KILLS=10` (docs/turns.md has that run's figures)."""
 
 
-def reached(gate: Gate) -> bool:
-    return gate.arrivals >= 1
-
-
 async def test_rlm_turns_complete_across_a_nats_server_sigkill_under_their_cell(
     processes: Processes,
 ) -> None:
@@ -43,10 +38,10 @@ async def test_rlm_turns_complete_across_a_nats_server_sigkill_under_their_cell(
             await s.use_model(fake)
             for n in range(KILLS):
                 case = Case("cell", n)
-                gate = fake.gate(case.key("gate"))
+                gate = fake.gate(case.key("gate"))  # made before the call, or it does not wait
                 turn = await s.ask(case.message)
                 try:
-                    await eventually(partial(reached, gate), timeout=90, what=str(case))
+                    await reach_barrier(gate_reached(fake), case, turn)
                 except WaitTimeout:
                     log = await s.read(log_subject(s.tenant, s.session))
                     lines = [f"{type(e.data).__name__} {e.turn}" for e in log]

@@ -61,7 +61,9 @@ class Case:
 
     @property
     def answer(self) -> str:
-        return {"step": "42", "cell": "42ok", "children": "42AB", "ack": "42"}[self.kind]
+        return {"step": "42", "cell": "42ok", "children": "42AB", "ack": "42", "clock": "42ok"}[
+            self.kind
+        ]
 
 
 def script(request: ScriptedRequest) -> Reply:
@@ -97,11 +99,14 @@ def _root(case: Case, text: str) -> Reply:
             return Reply(step(fan), key=case.key("s1"))
         return Reply(step("SUBMIT(answer=str(x + 1) + ''.join(answers))"), key=case.key("s2"))
     if not made:
+        if case.kind == "clock":  # prints what a replay cannot print again
+            made_x = "import random\nx = 41\nprint('MADE-X', random.random())"
+            return Reply(step(made_x), key=case.key("s1"))
         return Reply(step("x = 41\nprint('MADE-X')"), key=case.key("s1"))
     if case.kind == "step":
         return Reply(step("SUBMIT(answer=str(x + 1))"), key=case.key("s2"), gate=case.key("gate"))
     if "GOT-Y" not in text:
-        ask = f"y = llm_query('SUBQ cell {case.n}')\nprint('GOT-Y', y)"
+        ask = f"y = llm_query('SUBQ {case.kind} {case.n}')\nprint('GOT-Y', y)"
         return Reply(step(ask), key=case.key("s2"))
     return Reply(step("SUBMIT(answer=str(x + 1) + y)"), key=case.key("s3"))
 

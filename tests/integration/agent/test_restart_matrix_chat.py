@@ -6,6 +6,7 @@ Every round: the turn completes with the answer that needs the tool's result, an
 call is seen once at the fake. Four kills in the suite, ten with `FLEET_RESTART_KILLS=10`."""
 
 import os
+from collections.abc import Callable
 from functools import partial
 
 import pytest
@@ -37,6 +38,11 @@ KILLS = int(os.environ.get("FLEET_RESTART_KILLS", "4"))
 `FLEET_RESTART_KILLS=10` (docs/turns.md has that run's figures)."""
 
 
+def agent_log(processes: Processes) -> str:
+    """The agent's log tail, for a round that went wrong."""
+    return "\n".join(r.logs()[-6000:] for r in processes.replicas if r.service == "agent")
+
+
 def reached(gate: Gate) -> bool:
     return gate.arrivals >= 1
 
@@ -44,8 +50,23 @@ def reached(gate: Gate) -> bool:
 async def test_chat_turns_complete_across_a_nats_server_sigkill_under_their_tool_call(
     processes: Processes,
 ) -> None:
+    await kill_rounds(processes, range(KILLS), processes.server.kill, processes.server.start)
+
+
+async def test_chat_turns_complete_across_a_broker_sigkill_under_their_tool_call(
+    processes: Processes,
+) -> None:
+    """The broker's SIGKILL takes the session sandbox's processes with it; started again, it
+    revives the sandbox in place, and the child run's REPL context opens on it then."""
+    (broker,) = [r for r in processes.replicas if r.service == "sandbox-broker"]
+    await kill_rounds(processes, range(100, 100 + KILLS), broker.kill, broker.start)
+
+
+async def kill_rounds(
+    processes: Processes, rounds: range, kill: Callable[[], object], start: Callable[[], object]
+) -> None:
     with ScriptedLM(script) as fake:
-        for n in range(KILLS):
+        for n in rounds:
             async with session(processes) as s:  # a session a round: no history between
                 await s.use_model(fake)
                 case = Case("during", n)
@@ -54,8 +75,8 @@ async def test_chat_turns_complete_across_a_nats_server_sigkill_under_their_tool
                 message = f"CHATTASK during {n}: what does the tool say?"
                 await s.append(turn, TurnRequested(message=message))
                 await eventually(partial(reached, gate), timeout=90, what=str(case))
-                processes.server.kill()
-                processes.server.start()
+                kill()
+                start()
                 gate.release()
                 try:
                     ended = await s.ended(turn, timeout=180)
@@ -65,6 +86,8 @@ async def test_chat_turns_complete_across_a_nats_server_sigkill_under_their_tool
                 assert ended.answer == ANSWER, (case, ended.answer)
                 mine = {k: c for k, c in fake.calls.items() if k.startswith(f"during{n}:")}
                 expected = {"cot": 1, "s1": 1, "kid": 1, "s2": 1, "extract": 1}
-                assert mine == {case.key(k): c for k, c in expected.items()}, (case, mine)
+                if mine != {case.key(k): c for k, c in expected.items()}:
+                    steps = await where(s, turn)
+                    raise AssertionError(f"{case} {mine}\n{steps}\n{agent_log(processes)}")
                 called = of_type(await s.run_events(turn), ToolCalled)
                 assert [c.tool for c in called] == ["rlm_query"], called

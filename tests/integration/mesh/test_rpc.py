@@ -5,6 +5,9 @@ import asyncio
 import msgspec
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 
 from fleet_events import new_id
 from fleet_mesh import rpc
@@ -135,3 +138,54 @@ async def test_a_retried_call_resends_the_same_request_until_a_final_answer(nc: 
             attempt_timeout=0.1,
             deadline=0.5,
         )
+
+
+async def test_a_reaching_call_resends_only_while_no_one_subscribes(nc: Client) -> None:
+    """Issue 29: after a NATS restart the agent reconnects before the broker has subscribed
+    again, and a cell sent in that moment met "no responders" and failed its turn. Resent,
+    it reaches the service once that subscribes; silence is final (the request may be under
+    way), and a subject no one ever serves still fails, after `reach_s`."""
+    subject = f"fleet.rpc.quality.{new_id()}"
+    seen: list[str] = []
+
+    async def add(request: Add) -> Sum:
+        seen.append(request.request_id)
+        return Sum(total=request.a + request.b)
+
+    pending: list[asyncio.Task[object]] = []
+    retries: list[int] = []
+
+    def on_retry(attempt: int) -> None:
+        retries.append(attempt)
+        if attempt == 3:  # two "no responders" answers, then the service is back
+            pending.append(asyncio.ensure_future(rpc.serve(nc, subject, Add, add)))
+
+    served = asyncio.ensure_future(
+        rpc.call_reaching(
+            nc, subject, Add(request_id="r1", a=2, b=5), Sum, timeout=2, reach_s=30,
+            on_retry=on_retry,
+        )
+    )  # fmt: skip
+    assert await served == Sum(total=7)
+    await asyncio.gather(*pending)
+    assert seen == ["r1"]
+    assert retries[:2] == [2, 3]
+
+    silent = f"fleet.rpc.quality.{new_id()}"
+    heard: list[str] = []
+
+    async def hear(msg: Msg) -> None:
+        heard.append(msg.subject)
+
+    await nc.subscribe(silent, cb=hear)
+    with pytest.raises(NatsTimeout):
+        await rpc.call_reaching(
+            nc, silent, Add(request_id="r2", a=1, b=1), Sum, timeout=0.3, reach_s=30
+        )
+    assert heard == [silent]  # sent once: silence is not resent
+
+    with pytest.raises(NoRespondersError):
+        await rpc.call_reaching(
+            nc, f"fleet.rpc.quality.{new_id()}", Add(request_id="r3", a=1, b=1), Sum,
+            timeout=2, reach_s=0.3,
+        )  # fmt: skip

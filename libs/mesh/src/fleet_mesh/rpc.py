@@ -213,6 +213,53 @@ async def call_verb_retrying(
     )
 
 
+async def call_reaching(
+    nc: Client,
+    subject: str,
+    request: Any,
+    reply_type: type[Rep],
+    *,
+    timeout: float,
+    reach_s: float,
+    on_retry: Callable[[int], object] | None = None,
+) -> Rep:
+    """`call`, sent again while "no responders" answers it, for up to `reach_s` (backoff from
+    50 ms to 1 s); then that error is raised. Only that answer is resent: it means no one
+    received the request, so sending it again never does the work twice, whatever the verb
+    (a service reconnecting after a NATS restart holds no subscription for a moment). Silence
+    and error replies are final, as with `call`: the request may be under way."""
+    give_up = time.monotonic() + reach_s
+    wait = 0.05
+    attempt = 1
+    while True:
+        try:
+            return await call(nc, subject, request, reply_type, timeout=timeout)
+        except NoRespondersError:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise
+            await asyncio.sleep(min(wait, left))
+            wait = min(wait * 2, 1.0)
+            attempt += 1
+            if on_retry is not None:
+                on_retry(attempt)
+
+
+async def call_verb_reaching(
+    nc: Client,
+    verb: Verb[Req, Rep],
+    request: Req,
+    *,
+    timeout: float,
+    reach_s: float,
+    target: str | None = None,
+) -> Rep:
+    """`call_reaching` for a catalog verb."""
+    return await call_reaching(
+        nc, verb.subject(target), request, verb.reply, timeout=timeout, reach_s=reach_s
+    )
+
+
 class NoFinalAnswer(TimeoutError):
     """A retried request got no final answer before its overall deadline."""
 

@@ -60,6 +60,10 @@ def _valid_name(name: object) -> bool:
     return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
 
 
+NO_CONTEXT = "no_context"
+"""The broker's error code for a REPL context it does not hold (`ContextNotOpen`)."""
+
+
 class _Encoded:
     __slots__ = ("digest", "text", "value")
 
@@ -113,11 +117,16 @@ class RemoteInterpreter:
         self._output: Subscription | None = None
         self._sent: set[str] = set()
         self._memo: dict[int, _Encoded] = {}
+        self.context_lost = False
+        """The last cell failed because the sandbox answers again without this REPL context
+        (a `RecordingInterpreter` rebuilds it from the cells it ran; this one cannot)."""
         self._caller: contextvars.Context = contextvars.copy_context()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, relay: bool = True) -> None:
+        """Serve the context's host tools and open it on the sandbox; `relay`: relay what its
+        cells print live as well (a rebuild relays nothing until its replays are done)."""
         with self._state_lock:
             if self._ended:
                 raise CodeInterpreterError("this interpreter has been shut down")
@@ -125,9 +134,8 @@ class RemoteInterpreter:
                 return
             try:
                 self._inbox = self.bus.serve_tools(self.id, self._on_tool)
-                if self.live is not None:
-                    subject, run = self.live
-                    self._output = self.bus.relay_output(self.id, subject, run, self._streamed)
+                if relay:
+                    self._relay_live()
                 request = sb.OpenContext(
                     request_id=new_id(),
                     tenant=self.bus.tenant,
@@ -135,7 +143,10 @@ class RemoteInterpreter:
                     context=self.context,
                     interpreter=self.id,
                 )
-                self.bus.call(verbs.OPEN_CONTEXT, request, target=self.sandbox, timeout=30)
+                self.bus.call(
+                    verbs.OPEN_CONTEXT, request, target=self.sandbox, timeout=30,
+                    reach_s=self.lost_after_s,
+                )  # fmt: skip
             except Exception as exc:
                 self._ended = True
                 self._close_inboxes()
@@ -143,6 +154,20 @@ class RemoteInterpreter:
                     f"cannot open a REPL context on sandbox {self.sandbox}: {_describe(exc)}"
                 ) from exc
             self._started = True
+
+    def _relay_live(self) -> None:
+        if self.live is not None and self._output is None:
+            subject, run = self.live
+            self._output = self.bus.relay_output(self.id, subject, run, self._streamed)
+
+    def _reopen(self) -> None:
+        """Open the context again on a sandbox that lost it (`ContextLost`): nothing is held
+        there any more, so every variable is sent again with the next cell."""
+        with self._state_lock:
+            self._ended = self._started = self.context_lost = False
+            self._sent = set()
+            self._memo = {}
+        self.start(relay=False)
 
     def shutdown(self) -> None:
         with self._state_lock:
@@ -279,6 +304,9 @@ class RemoteInterpreter:
             raise
         except Exception as exc:
             self._terminal()
+            # the context this interpreter opened is not there: lost between cells (the
+            # broker started again and revived the sandbox in place, its memory gone)
+            self.context_lost = isinstance(exc, rpc.RemoteError) and exc.code == NO_CONTEXT
             raise CodeInterpreterError(
                 f"sandbox {self.sandbox} failed to run the cell: {_describe(exc)}"
             ) from exc
@@ -289,9 +317,9 @@ class RemoteInterpreter:
         excluded from its wall limit), but a dead broker replica, or one started again under
         the cell (the sandbox revived in place, its REPL memory gone), must not leave this
         thread waiting for an hour for a reply no one will send."""
-        call = rpc.call_verb(
+        call = rpc.call_verb_reaching(
             self.bus.nc, verbs.EXECUTE, request, target=self.sandbox,
-            timeout=self.request_timeout_s,
+            timeout=self.request_timeout_s, reach_s=self.lost_after_s,
         )  # fmt: skip
         pending = self.bus.submit(call)
         unanswered_since: float | None = None
@@ -316,6 +344,9 @@ class RemoteInterpreter:
                 unanswered_since = None
                 if info.status != "running" or self.context not in info.contexts:
                     pending.cancel()
+                    # running again without it: the broker started again under the cell and
+                    # revived the sandbox in place (files kept, REPL memory gone)
+                    self.context_lost = info.status == "running"
                     raise CodeInterpreterError(
                         f"sandbox {self.sandbox} was restarted during the cell (now "
                         f"{info.status}, without REPL context {self.context}): the cell's "

@@ -102,12 +102,20 @@ class SandboxBus:
         return self._nc
 
     def call(
-        self, verb: Verb[Req, T], request: Req, *, timeout: float, target: str | None = None
+        self,
+        verb: Verb[Req, T],
+        request: Req,
+        *,
+        timeout: float,
+        target: str | None = None,
+        reach_s: float = 0.0,
     ) -> T:
-        return self.run(
-            rpc.call_verb(self.nc, verb, request, timeout=timeout, target=target),
-            timeout=timeout + 5,
+        """One request; with `reach_s`, resent while "no responders" answers it, for up to
+        that long (`rpc.call_reaching`: the service is reconnecting after a NATS restart)."""
+        call = rpc.call_verb_reaching(
+            self.nc, verb, request, timeout=timeout, target=target, reach_s=reach_s
         )
+        return self.run(call, timeout=timeout + reach_s + 5)
 
     # -- broker conveniences -----------------------------------------------------------------
 

@@ -14,6 +14,14 @@ class SandboxNotFound(SandboxError):
     code = "not_found"
 
 
+class ContextNotOpen(SandboxNotFound):
+    """The sandbox is held but not the REPL context asked for: never opened, closed, or lost
+    with the memory of a sandbox revived in place after a broker restart (its caller can open
+    it again and rebuild it)."""
+
+    code = "no_context"
+
+
 class SandboxStopped(SandboxError):
     """The sandbox's processes are gone (a limit, a crash, a protocol violation, a delete)."""
 

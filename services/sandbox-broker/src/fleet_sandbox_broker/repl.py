@@ -12,11 +12,14 @@ from fleet_mesh import rpc
 from fleet_mesh.blobs import BlobNotFound
 from fleet_sandbox_broker import domain
 from fleet_sandbox_broker.broker import Broker, Held
-from fleet_sandbox_broker.errors import BadSpec, SandboxNotFound, SandboxStopped
+from fleet_sandbox_broker.errors import BadSpec, ContextNotOpen, SandboxStopped
 from fleet_sandbox_broker.providers.base import OutputSink, StreamsOutput, ToolRelay
 
 # room for the reply's own fields and the NATS headers around a capped execution reply
 REPLY_MARGIN = 4096
+TOOL_REACH_S = 15.0
+"""How long a host tool call met by "no responders" is sent again: the agent holding the
+interpreter reconnecting after a NATS restart has no subscription for a moment."""
 _encode = msgspec.json.Encoder().encode
 
 
@@ -28,7 +31,7 @@ class Repl:
     def _context(self, req: sb.Execute | sb.InterruptCell) -> Held:
         held = self.b.get_held(req.tenant, req.sandbox)
         if req.context not in held.interpreters:
-            raise SandboxNotFound(f"no open context {req.context!r} in sandbox {req.sandbox!r}")
+            raise ContextNotOpen(f"no open context {req.context!r} in sandbox {req.sandbox!r}")
         return held
 
     async def open_context(self, req: sb.OpenContext) -> sb.Ack:
@@ -112,15 +115,20 @@ class Repl:
             if interpreter is None:
                 return sb.ToolReply(ok=False, error="this context has no interpreter for tools")
             try:
-                return await rpc.call_verb(
-                    nc, bus.TOOL_CALL, call, target=interpreter, timeout=timeout
-                )
+                return await rpc.call_verb_reaching(
+                    nc, bus.TOOL_CALL, call, target=interpreter, timeout=timeout,
+                    reach_s=TOOL_REACH_S,
+                )  # fmt: skip
             except (TimeoutError, NatsTimeout):
                 return sb.ToolReply(
                     ok=False, error=f"host tool {call.name!r} did not answer within {timeout:g} s"
                 )
             except NoRespondersError:
-                return sb.ToolReply(ok=False, error="the interpreter owning this context is gone")
+                return sb.ToolReply(
+                    ok=False,
+                    error=f"the interpreter owning this context is gone ({TOOL_REACH_S:g} s "
+                    "without a subscriber)",
+                )
             except rpc.RemoteError as exc:
                 return sb.ToolReply(ok=False, error=exc.message)
 

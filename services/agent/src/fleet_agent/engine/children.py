@@ -67,6 +67,9 @@ see the same turn's cancel) before it reaps their sandboxes itself."""
 DEFAULT_DEADLINE_S = 3600.0
 
 RECHECK_S = 5.0
+REACH_S = 15.0
+"""How long a request met by "no responders" is sent again (the budget or broker service
+reconnecting after a NATS restart holds no subscription for a moment)."""
 """A waiting parent reads the child's stored tail at least this often (a core message missed
 across a reconnect would otherwise leave it waiting until the deadline)."""
 
@@ -170,7 +173,7 @@ class ChildRuns:
             child_run=child_run,
             depth=depth,
         )
-        admitted = ctx.mesh.bus.call(bus.ADMIT_CHILD, admit, timeout=15)
+        admitted = ctx.mesh.bus.call(bus.ADMIT_CHILD, admit, timeout=15, reach_s=REACH_S)
         if not admitted.admitted:
             return self._failed(child_run, call_id, admitted.message or admitted.reason)
         try:
@@ -185,6 +188,7 @@ class ChildRuns:
                 ),
                 target=ctx.sandbox,
                 timeout=120,
+                reach_s=REACH_S,
             )
         except rpc.RemoteError as exc:
             return self._failed(child_run, call_id, f"no child sandbox: {exc.code}: {exc.message}")

@@ -6,13 +6,24 @@ A resumed run's cells that the record holds are answered from it without running
 its first live cell in a context first stops what the dead holder left running there. A cancel
 interrupts the running cell (the REPL survives). A `dspy.RLM` that sandbox code builds through
 dspy's facade is refused here (`FACADE_RLM_REFUSED`).
+
+A context lost under a cell (its broker SIGKILLed and started again: the sandbox is revived,
+its files kept, its REPL memory gone: `context_lost`) is rebuilt: opened again, the cells it ran
+replayed in order with their host tool calls answered with what they answered the first time
+(no model call asked again, no tool run again), each replay's output compared with the first
+run's, then the interrupted cell runs again, its host calls made before the loss answered the
+same way. A replay that prints or answers otherwise (code that reads a clock or a random
+number) fails the cell as before, saying so. A cell therefore runs at least once.
 """
 
 import contextlib
 import inspect
+import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -63,6 +74,39 @@ that meets the deadline reaps its child and records why, and the code must get t
 ("no answer before the tree's deadline"), not the relay's own bare timeout."""
 
 
+REBUILDS = 2
+"""Rebuilds of a lost context per cell: a broker that keeps dying fails the cell."""
+REBUILD_KEEP_CHARS = 16 * 1024 * 1024
+"""What a context keeps to rebuild itself (code, output and host answers of its cells): past
+it, a lost context is not rebuilt (the cell fails, saying so)."""
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Ran:
+    """A cell this context ran, kept to replay it: what it was sent and what it answered."""
+
+    cell: str
+    code: str
+    variables: dict[str, Any] | None
+    answer: tuple[str, str, Any]
+    """(kind, stdout, value) of the sandbox's reply."""
+    tools: list[tuple[str, sb.ToolReply]] = field(default_factory=list)
+    """Its host tool calls in order: (tool name, what the host answered)."""
+
+
+def _answer_of(reply: sb.ExecuteReply | None) -> tuple[str, str, Any]:
+    if reply is None:
+        return ("none", "", None)
+    return (reply.kind, reply.stdout, reply.value)
+
+
+def _weight(ran: _Ran) -> int:
+    tools = sum(len(str(r.value)) + len(r.error) for _, r in ran.tools)
+    return len(ran.code) + len(ran.answer[1]) + len(str(ran.answer[2])) + tools
+
+
 def preview(value: Any) -> Any:
     """A JSON-safe copy of `value` for the record (pydantic inputs, History...)."""
     try:
@@ -79,6 +123,16 @@ class RecordingInterpreter(RemoteInterpreter):
         self._hooks = hooks
         self._reply: sb.ExecuteReply | None = None
         self._cell_done = threading.Event()
+        self._ran: list[_Ran] = []
+        self._kept = 0
+        self._from_record = False
+        self._calls: list[tuple[str, sb.ToolReply]] = []
+        """The running cell's host tool calls so far, as `_Ran.tools`."""
+        self._answers: deque[tuple[str, sb.ToolReply]] = deque()
+        """Host calls answered from what they answered before (a replay, or a cell run again)."""
+        self._diverged = ""
+        self._tools_lock = threading.Condition()
+        self._in_tools = 0
 
     def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
         recorder = self._hooks.recorder
@@ -101,7 +155,7 @@ class RecordingInterpreter(RemoteInterpreter):
         started = time.monotonic()
         error = ""
         try:
-            return super().execute(code, variables)
+            return self._run_cell(code, variables)
         except (CodeExecutionError, SyntaxError, CodeInterpreterError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
@@ -110,6 +164,79 @@ class RecordingInterpreter(RemoteInterpreter):
             release()
             recorder.current_cell = outer
             self._record_cell(cell, code, error, (time.monotonic() - started) * 1000)
+
+    def _run_cell(self, code: str, variables: dict[str, Any] | None) -> Any:
+        """The cell on the sandbox; a context lost under it is rebuilt and the cell run again
+        (module docstring). A cell that ran (whatever it answered) is kept for a rebuild."""
+        with self._tools_lock:
+            self._calls, self._answers = [], deque()
+        for rebuilt in range(REBUILDS + 1):
+            try:
+                value = super().execute(code, variables)
+            except CodeInterpreterError as lost:
+                if not self.context_lost or rebuilt == REBUILDS or not self._rebuildable:
+                    raise
+                self._rebuild(lost)
+                continue
+            except (CodeExecutionError, SyntaxError):
+                self._keep(code, variables)
+                raise
+            self._keep(code, variables)
+            return value
+        raise AssertionError("unreachable: the last rebuild raises")
+
+    def _keep(self, code: str, variables: dict[str, Any] | None) -> None:
+        with self._tools_lock:
+            ran = _Ran(
+                self._hooks.recorder.current_cell, code, variables, _answer_of(self._reply),
+                self._calls,
+            )  # fmt: skip
+        self._ran.append(ran)
+        self._kept += _weight(ran)
+
+    @property
+    def _rebuildable(self) -> bool:
+        """Every cell of the context is kept: none answered from a dead holder's record (its
+        host answers are not here), and not more than `REBUILD_KEEP_CHARS` of them."""
+        return not self._from_record and self._kept <= REBUILD_KEEP_CHARS
+
+    def _rebuild(self, lost: Exception) -> None:
+        """Open the lost context again and replay the cells it ran; the interrupted cell's
+        host calls made so far are answered again when it runs again."""
+        with self._tools_lock:  # the lost attempt's host calls finish first: they are reused
+            if not self._tools_lock.wait_for(lambda: self._in_tools == 0, self.callback_timeout_s):
+                raise lost
+            interrupted = self._calls
+        log.warning(
+            "REPL context lost under a cell: rebuilding it",
+            extra={"sandbox": self.sandbox, "context": self.context, "cells": len(self._ran)},
+        )
+        try:
+            self._reopen()
+        except CodeInterpreterError as exc:
+            raise CodeInterpreterError(f"{lost}; opening it again failed: {exc}") from exc
+        for n, ran in enumerate(self._ran, start=1):
+            with self._tools_lock:
+                self._calls, self._answers, self._diverged = [], deque(ran.tools), ""
+            self._reply = None
+            with contextlib.suppress(CodeExecutionError, SyntaxError):
+                super().execute(ran.code, ran.variables)
+            got = _answer_of(self._reply)
+            if got != ran.answer or self._diverged or self._answers:
+                why = self._diverged or (
+                    f"it answered {got[0]} {got[1][:200]!r}, the first run {ran.answer[0]} "
+                    f"{ran.answer[1][:200]!r}"
+                )
+                self._terminal()
+                self._reply = None  # the failed cell's record is its own, not the replay's
+                raise CodeInterpreterError(
+                    f"{lost}. Rebuilding the context failed at cell {ran.cell} ({n} of "
+                    f"{len(self._ran)} replayed): {why}. A cell that reads a clock, a random "
+                    "number or a file changed since gives other output when replayed: ask again"
+                ) from None
+        self._relay_live()
+        with self._tools_lock:
+            self._calls, self._answers = [], deque(interrupted)
 
     def shutdown(self) -> None:
         """A fenced run's context belongs to the holder that took the run over: only this
@@ -123,6 +250,7 @@ class RecordingInterpreter(RemoteInterpreter):
         """A cell the record holds: its answer, as the sandbox gave it, without running it."""
         resume = self._hooks.resume
         resume.reuse_cell()
+        self._from_record = True
         if cell.iteration is not None:
             self._hooks.iteration = cell.iteration
         outcome, value = recorded_answer(resume, cell)
@@ -215,6 +343,26 @@ class RecordingInterpreter(RemoteInterpreter):
         threading.Thread(target=keep_interrupting, daemon=True, name="interrupt").start()
 
     def _on_tool(self, call: sb.ToolCall) -> sb.ToolReply:
+        with self._tools_lock:
+            if self._answers:  # a replayed cell, or one run again: answered as before
+                name, reply = self._answers.popleft()
+                if name != call.name:
+                    self._diverged = f"it called {call.name}() where the first run called {name}()"
+                    reply = sb.ToolReply(ok=False, error="replay diverged: " + self._diverged)
+                self._calls.append((name, reply))
+                return reply
+            self._in_tools += 1
+        try:
+            reply = self._live_tool(call)
+        finally:
+            with self._tools_lock:
+                self._in_tools -= 1
+                self._tools_lock.notify_all()
+        with self._tools_lock:
+            self._calls.append((call.name, reply))
+        return reply
+
+    def _live_tool(self, call: sb.ToolCall) -> sb.ToolReply:
         if call.name == CONSTRUCT_TOOL and _facade_kind(call) in REFUSED_FACADE:
             return sb.ToolReply(ok=False, error=FACADE_RLM_REFUSED)
         if call.name in LLM_TOOLS:

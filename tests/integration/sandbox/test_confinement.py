@@ -117,11 +117,9 @@ async def test_proc_lists_only_the_family(local: LocalProvider) -> None:
         seen = {int(pid): uid for pid, uid in value(await run(box, LIST_PROC)).items()}
         assert set(seen.values()) == {box.uid}, seen  # the family's uid, no one else's
         assert 1 in seen  # the family's init
-        # the host's numbers name nothing inside: not the test, not another sandbox
-        assert os.getpid() not in seen
-        others = {parent.pid, child.pid, stranger.pid} - {box.pid}
-        assert all(pid > 1000 for pid in others)
-        assert not others & set(seen)
+        # the namespace's own numbers, whatever the host's (which wrap past pid_max, so a
+        # host pid can be small and coincide with one of them by chance)
+        assert max(seen) < 1000, seen
     # the family (parent, its checkpoint, the child, init) in one namespace, the stranger alone
     family = value(await run(parent, LIST_PROC))
     assert len(family) >= 4

@@ -116,7 +116,7 @@ async def _local(ctx: service.ServiceContext, settings: BrokerSettings) -> Provi
     )
     if swept:
         ctx.log.warning("killed processes left by a dead broker", extra={"uids": swept})
-    return LocalProvider(
+    local = LocalProvider(
         LocalSettings(
             root=settings.root,
             python=settings.python,
@@ -131,8 +131,17 @@ async def _local(ctx: service.ServiceContext, settings: BrokerSettings) -> Provi
             max_inodes=settings.max_inodes,
             inode_check_s=settings.inode_check_s,
             family_max=settings.family_max,
+            task_cgroup=settings.task_cgroup,
+            host_tasks=settings.host_tasks,
         )
     )
+    if local.tasks.procs is None:
+        ctx.log.warning(
+            "no host-wide bound on sandbox tasks: each fork family is bounded by its own "
+            "process limit only",
+            extra={"why": local.tasks.why},
+        )
+    return local
 
 
 async def _setup(ctx: service.ServiceContext) -> None:

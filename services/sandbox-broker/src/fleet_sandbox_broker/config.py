@@ -43,6 +43,10 @@ class BrokerSettings(BaseSettings):
     # makes every child a clean fallback
     family_max: int = Field(default=96, ge=1, le=1024)
     max_inodes: int = Field(default=100_000, ge=100)  # files and directories per sandbox
+    # every local sandbox process on the host in one pids cgroup (`providers.tasks`): its
+    # pids.max bounds them together (0: half the kernel's pid_max); "" turns it off
+    task_cgroup: str = Field(default="fleet-rlm-sandboxes", pattern=r"^[A-Za-z0-9_.-]{0,64}$")
+    host_tasks: int = Field(default=0, ge=0)
     inode_check_s: float = Field(default=1.0, gt=0)
     python: str = "/usr/bin/python3"
     uid_base: int = Field(default=310000, ge=1000)

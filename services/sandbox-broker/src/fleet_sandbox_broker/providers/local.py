@@ -23,6 +23,7 @@ from fleet_sandbox_broker.providers import frames, launch
 from fleet_sandbox_broker.providers.base import Provider, Sandbox
 from fleet_sandbox_broker.providers.launch import ETC, HIDE, SHOW
 from fleet_sandbox_broker.providers.sandbox import LocalSandbox
+from fleet_sandbox_broker.providers.tasks import host_bound, joining
 from fleet_sandbox_broker.providers.uids import UidPool
 from fleet_sandbox_broker.providers.workspace import clone, make_dirs, remove_dir
 
@@ -82,6 +83,10 @@ class LocalSettings:
     # is 85); a fork past it is refused (the broker's policy falls back to a clean child), and
     # a fork-ready sandbox's process limit is sized for it (`family_nproc`)
     family_max: int = 96
+    # the host-wide pids cgroup every sandbox process joins (`tasks`; "" for none), and its
+    # `pids.max` (0: half the kernel's pid_max)
+    task_cgroup: str = "fleet-rlm-sandboxes"
+    host_tasks: int = 0
 
 
 class LocalProvider:
@@ -97,6 +102,7 @@ class LocalProvider:
         private.mkdir(exist_ok=True)
         os.chmod(private, 0o700)
         self._setup = private / "setup.sh"
+        self.tasks = host_bound(settings.task_cgroup, settings.host_tasks)
         # replaced, never rewritten in place: another broker on this root may be starting a
         # sandbox with it right now
         scratch = private / f".setup-{new_id()}.sh"
@@ -158,9 +164,12 @@ class LocalProvider:
         mine, theirs = socket.socketpair()
         try:
             await asyncio.to_thread(make_dirs, directory, uid, list(mounts or {}), revive)
-            command = launch.argv(
-                self._setup, self.settings.root, self.settings.show, self.settings.hide,
-                mounts or {}, directory, uid, self.settings.python,
+            command = joining(
+                self.tasks,
+                launch.argv(
+                    self._setup, self.settings.root, self.settings.show, self.settings.hide,
+                    mounts or {}, directory, uid, self.settings.python,
+                ),
             )  # fmt: skip
             log_path = self._logs / f"{sandbox_id}.log"
             process = await asyncio.to_thread(launch.spawn, command, theirs, directory, log_path)

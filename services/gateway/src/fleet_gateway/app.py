@@ -38,6 +38,7 @@ from fleet_gateway.routes import sessions as session_routes
 from fleet_gateway.routes import transfer as transfer_routes
 from fleet_gateway.routes import turns as turn_routes
 from fleet_gateway.routes import ws as ws_routes
+from fleet_gateway.slow_clients import with_head_deadline
 from fleet_gateway.state import GatewayState
 from fleet_mesh import service
 from fleet_mesh.settings import BadSetting, load_settings, read_settings
@@ -142,6 +143,7 @@ async def serve_http(app: FastAPI, settings: GatewaySettings) -> Callable[[], Aw
         lifespan="off",  # the runtime is the lifespan: nothing to start per app
         timeout_graceful_shutdown=HTTP_GRACE_S,
         ws_per_message_deflate=settings.ws_per_message_deflate,
+        http=with_head_deadline(settings.header_timeout_s),
     )
     server = _EmbeddedServer(config)
 

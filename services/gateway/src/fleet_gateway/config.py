@@ -53,6 +53,9 @@ class GatewaySettings(BaseSettings):
     read_wait_max_s: float = Field(default=5.0, gt=0, le=60)
     """The longest a read with `min_seq` waits for this replica's projections to catch up."""
     ws_per_message_deflate: bool = False
+    # seconds a client has to send a whole request head, from connecting or from the last
+    # response (`slow_clients`): a slow-loris connection is dropped after it
+    header_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """Compress WebSocket frames (permessage-deflate) when a client offers it. Off: the
     deflate runs once per frame per socket (nothing is shared between sockets), which was
     half the gateway's send cost at 10 clients x 1,000 events/s (docs/websocket.md)."""

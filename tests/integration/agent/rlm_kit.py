@@ -17,6 +17,7 @@ from nats.aio.client import Client
 
 from fleet_agent.engine import root_run_id, tree_id
 from fleet_events import Actor, Envelope, Event, bus, new_id, streams, utc_now
+from fleet_events import sandbox as sb
 from fleet_events.budget import GetStatus, TreeStatus
 from fleet_events.codec import Codec, CodecError
 from fleet_events.llm import LlmProfile
@@ -207,9 +208,16 @@ class Session:
         return await rpc.call_verb(self.nc, bus.TREE_STATUS, query, timeout=5)
 
     async def workspace(self) -> Path:
+        """The session sandbox's workspace on the host, as its broker knows it (the session's
+        record names the sandbox, never a host path)."""
         for event in await self.log():
-            if isinstance(event, SandboxAttached):
-                return Path(event.interpreter.workspace)
+            if isinstance(event, SandboxAttached) and event.interpreter.sandbox:
+                sandbox = event.interpreter.sandbox
+                ask = sb.GetSandbox(request_id=new_id(), tenant=self.tenant, sandbox=sandbox)
+                info = await rpc.call_verb(
+                    self.nc, bus.GET_SANDBOX, ask, target=sandbox, timeout=10
+                )
+                return Path(info.workspace)
         raise AssertionError("no sandbox attached to the session")
 
 

@@ -24,6 +24,7 @@ from fleet_events.session import (
     TurnCancelled,
     TurnCompleted,
     TurnFailed,
+    session_filter,
 )
 from fleet_harness.scripted_lm import ScriptedLM
 from fleet_harness.waits import eventually
@@ -53,8 +54,13 @@ async def test_an_rlm_turn_with_llm_query_records_every_step(processes: Processe
             events = await s.run_events(turn)
             log = await s.log()
             tree = await s.tree(turn)
+            stored = [r.data async for r in s.store.read_raw(session_filter(s.tenant, s.session))]
     assert isinstance(ended, TurnCompleted), ended
     assert ended.answer == "HELLO FLEET"
+    # issue 27: the host's sandbox paths are the broker's, never in the session's record
+    # (exported and shown to the tenant): the attach named the workspace's host path
+    host = str(processes.sandboxes).encode()
+    assert [d[:300] for d in stored if host in d] == []
     started, *_, completed = events
     assert isinstance(started, RunStarted)
     assert (started.kind, started.depth, started.task) == ("rlm", 0, "greet the fleet")

@@ -259,6 +259,8 @@ class InterpreterState(msgspec.Struct, frozen=True, kw_only=True):
 
     sandbox: str | None
     workspace: str = ""
+    """Empty: the workspace's host path is the broker's and never recorded here (the session's
+    record is exported and shown to its tenant); records from before issue 27 may hold one."""
     repo_url: str | None = None
     ref: str | None = None
     context_paths: tuple[str, ...] = ()

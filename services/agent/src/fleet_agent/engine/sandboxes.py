@@ -137,7 +137,7 @@ async def attach(
     and appended again when another writer got there first."""
     attached = SandboxAttached(
         interpreter=InterpreterState(
-            sandbox=info.sandbox, workspace=info.workspace, repo_url=info.repo_url, ref=info.ref,
+            sandbox=info.sandbox, repo_url=info.repo_url, ref=info.ref,
             context_paths=tuple(info.context_paths), volume=info.volume,
             volume_subpath=info.volume_subpath,
         ),

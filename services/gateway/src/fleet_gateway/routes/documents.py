@@ -253,7 +253,7 @@ async def upload_checkout(
                 f"the sandbox broker could not start the checkout's sandbox: {exc.message}",
                 details={"broker_code": exc.code},
             ) from None  # fmt: skip
-        interpreter = InterpreterState(sandbox=info.sandbox, workspace=info.workspace)
+        interpreter = InterpreterState(sandbox=info.sandbox)
         _, seq = await h.write(
             tenant, session, SandboxAttached(interpreter=interpreter, reason="local_checkout"),
             create=False,

@@ -322,7 +322,7 @@ async def restore(
         return result
     result.sandbox = info.sandbox
     if info.sandbox != interp.sandbox:
-        attached = msgspec.structs.replace(interp, sandbox=info.sandbox, workspace=info.workspace)
+        attached = msgspec.structs.replace(interp, sandbox=info.sandbox, workspace="")
         _, result.seq = await h.write(
             tenant, session,
             SandboxAttached(interpreter=attached, replaces=interp.sandbox, reason="restored"),

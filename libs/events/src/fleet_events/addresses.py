@@ -72,24 +72,40 @@ def host_of(url: str) -> tuple[str, int]:
     return host, port
 
 
-def refusal(url: str, addresses: list[IP], allow: tuple[Network, ...] = ()) -> str | None:
-    """Why `url`, whose host resolved to `addresses`, may not be called for a tenant (None:
-    it may). Every address must be public or inside an allowed range: a name that answers one
-    public and one private address could be dialled at either."""
+MODEL_SERVER = (
+    "a tenant's model server must be at a public address. Use the provider's public URL, or "
+    f"ask the operator to serve it as a global profile (or to allow the range in {ALLOW_ENV})"
+)
+REPOSITORY = (
+    "a repository must be at a public address. Use its public URL, or ask the operator to "
+    f"allow the range in {ALLOW_ENV}"
+)
+
+
+def refusal(
+    url: str,
+    addresses: list[IP],
+    allow: tuple[Network, ...] = (),
+    *,
+    field: str = "api_base",
+    rule: str = MODEL_SERVER,
+) -> str | None:
+    """Why `url` (the tenant's `field`), whose host resolved to `addresses`, may not be dialled
+    for a tenant (None: it may). Every address must be public or inside an allowed range: a
+    name that answers one public and one private address could be dialled at either."""
     if not addresses:
-        return f"api_base {url[:200]!r}: its host resolves to no address"
+        return f"{field} {url[:200]!r}: its host resolves to no address"
     for ip in addresses:
         kind = kind_of(ip)
         if kind is None or any(ip in net for net in allow if ip.version == net.version):
             continue
         host = urlsplit(url).hostname or ""
         shown = host if host == str(ip) else f"{host} ({ip})"
-        return (
-            f"api_base {url[:200]!r} reaches {shown}, a {kind} address: a tenant's model "
-            "server must be at a public address. Use the provider's public URL, or ask the "
-            f"operator to serve it as a global profile (or to allow the range in {ALLOW_ENV})"
-        )
+        return f"{field} {url[:200]!r} reaches {shown}, a {kind} address: {rule}"
     return None
 
 
-__all__ = ["ALLOW_ENV", "IP", "AddressRefused", "host_of", "kind_of", "parse_allow", "refusal"]
+__all__ = [
+    "ALLOW_ENV", "IP", "MODEL_SERVER", "REPOSITORY", "AddressRefused", "host_of", "kind_of",
+    "parse_allow", "refusal",
+]  # fmt: skip

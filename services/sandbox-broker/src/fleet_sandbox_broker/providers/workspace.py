@@ -8,15 +8,19 @@ clone) runs as that uid, never as root.
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
+from fleet_events.addresses import REPOSITORY, refusal
+from fleet_mesh import egress
 from fleet_sandbox_broker.errors import BadSpec, ForkFailed
-from fleet_sandbox_broker.providers.git import check_ref, check_repo_url
+from fleet_sandbox_broker.providers.git import check_ref, check_repo_url, pinned, remote_of
 from fleet_sandbox_broker.providers.uids import chown_tree
 
 log = logging.getLogger("fleet.sandbox.local")
@@ -124,6 +128,9 @@ async def clone(
     url = check_repo_url(url, allow_local=allow_local)
     checked_ref = check_ref(ref) or "HEAD"
     shown = f"cannot check out {url!r} at {checked_ref!r}"
+    pin: dict[str, str] = {}
+    if remote_of(url) is not None:
+        url, pin = pinned(url, await public_address(url))
     used_staging = False
     try:
         bundle = ""
@@ -133,13 +140,29 @@ async def clone(
         command = ["unshare", "--mount", "--", "/bin/sh", "-c", CLONE_SH, "clone",
                    str(workspace), bundle, str(uid), url, checked_ref]  # fmt: skip
         protocols = "https:ssh:git" + (":file" if allow_local else "")
-        detail = await _git(command, {**GIT_ENV, "GIT_ALLOW_PROTOCOL": protocols}, shown)
+        detail = await _git(command, {**GIT_ENV, "GIT_ALLOW_PROTOCOL": protocols, **pin}, shown)
     finally:
         if used_staging:
             await remove_dir(staging)
     if detail is not None:
         log.warning("git clone failed", extra={"workspace": str(workspace), "stderr": detail})
         raise BadSpec(f"{shown}: the repository or ref was not found or is unreachable")
+
+
+async def public_address(url: str) -> str:
+    """The address a remote repository URL's host resolves to, once every address it answers
+    is judged public (or allowed by `FLEET_EGRESS_ALLOW`); BadSpec naming why not."""
+    _, host, port = remote_of(url) or ("", "", 0)
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        raise BadSpec(f"repo_url {url[:200]!r}: its host {host!r} does not resolve") from None
+    addresses = [ipaddress.ip_address(str(info[4][0])) for info in infos]
+    problem = refusal(url, addresses, egress.allowed(), field="repo_url", rule=REPOSITORY)
+    if problem is not None:
+        raise BadSpec(problem)
+    return str(addresses[0])
 
 
 async def _bundle(source: str, staging: Path, shown: str) -> str:

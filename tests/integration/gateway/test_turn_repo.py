@@ -19,7 +19,9 @@ from fleet_mesh.store import open_store
 
 from .ws_kit import Gateway, frames_until, serve
 
-GOOD = "https://example.invalid/acme/widgets.git"
+GOOD = "https://140.82.112.3/acme/widgets.git"
+"""A public address, as a literal: the turn's host is resolved and judged before it is stored
+(issue 27), and these tests make no DNS lookup."""
 HOSTILE: list[tuple[dict[str, str], str, str]] = [
     ({"repo_url": "--upload-pack=touch /tmp/pwned"}, "invalid_repo_url", "starts with '-'"),
     ({"repo_url": "ext::sh -c id"}, "invalid_repo_url", "whitespace"),
@@ -32,6 +34,11 @@ HOSTILE: list[tuple[dict[str, str], str, str]] = [
     ({"repo_url": GOOD, "repo_ref": "main..HEAD"}, "invalid_repo_ref", "contains '..'"),
     ({"repo_url": GOOD, "repo_ref": "a b"}, "invalid_repo_ref", "outside letters"),
     ({"repo_ref": "main"}, "repo_ref_requires_repo", "send repo_url too"),
+    # the broker clones on the host network: internal hosts are refused before anything is
+    # stored (the suite allows loopback for its fakes, not the rest)
+    ({"repo_url": "https://169.254.169.254/r.git"}, "address_not_public", "a link-local address"),
+    ({"repo_url": "git://10.0.0.7/r.git"}, "address_not_public", "a private address"),
+    ({"repo_url": "https://no-such-host.invalid/r.git"}, "address_not_public", "does not resolve"),
 ]
 
 

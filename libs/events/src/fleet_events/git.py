@@ -15,6 +15,19 @@ from urllib.parse import urlsplit
 
 SCHEMES = ("https", "ssh", "git")
 LOCAL_SCHEMES = ("file",)
+PORTS = {"https": 443, "ssh": 22, "git": 9418}
+"""The remote transports' default ports."""
+
+
+def remote_of(url: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of a checked remote repository URL; None for a local one."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in PORTS:
+        return None
+    return scheme, parts.hostname or "", parts.port or PORTS[scheme]
+
+
 MAX_REF = 255
 MAX_URL = 2048
 

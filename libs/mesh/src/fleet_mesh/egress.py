@@ -14,7 +14,15 @@ import os
 import socket
 from collections.abc import Mapping
 
-from fleet_events.addresses import ALLOW_ENV, IP, AddressRefused, host_of, parse_allow, refusal
+from fleet_events.addresses import (
+    ALLOW_ENV,
+    IP,
+    MODEL_SERVER,
+    AddressRefused,
+    host_of,
+    parse_allow,
+    refusal,
+)  # fmt: skip
 
 
 def allowed(
@@ -28,13 +36,21 @@ def _addresses(infos: list[tuple[object, ...]]) -> list[IP]:
 
 
 def _judged(
-    url: str, host: str, infos: list[tuple[object, ...]] | None, env: Mapping[str, str] | None
-) -> None:
+    url: str,
+    host: str,
+    infos: list[tuple[object, ...]] | None,
+    env: Mapping[str, str] | None,
+    field: str = "api_base",
+    rule: str = MODEL_SERVER,
+) -> IP:
+    """The first address of `infos`, once every one is judged; AddressRefused naming why not."""
     if infos is None:
-        raise AddressRefused(f"api_base {url[:200]!r}: its host {host!r} does not resolve")
-    problem = refusal(url, _addresses(infos), allowed(env))
+        raise AddressRefused(f"{field} {url[:200]!r}: its host {host!r} does not resolve")
+    addresses = _addresses(infos)
+    problem = refusal(url, addresses, allowed(env), field=field, rule=rule)
     if problem is not None:
         raise AddressRefused(problem)
+    return addresses[0]
 
 
 def check(url: str, env: Mapping[str, str] | None = None) -> None:
@@ -50,6 +66,20 @@ def check(url: str, env: Mapping[str, str] | None = None) -> None:
 
 async def acheck(url: str, env: Mapping[str, str] | None = None) -> None:
     host, port = host_of(url)
+    await ajudged(url, host, port, env=env)
+
+
+async def ajudged(
+    url: str,
+    host: str,
+    port: int,
+    *,
+    field: str = "api_base",
+    rule: str = MODEL_SERVER,
+    env: Mapping[str, str] | None = None,
+) -> IP:
+    """`host` (named by the tenant's `field`, `url`) resolved once, every address judged by
+    `rule`; the first, to dial. AddressRefused naming why not."""
     loop = asyncio.get_running_loop()
     try:
         infos: list[tuple[object, ...]] | None = list(
@@ -57,7 +87,7 @@ async def acheck(url: str, env: Mapping[str, str] | None = None) -> None:
         )
     except OSError:
         infos = None
-    _judged(url, host, infos, env)
+    return _judged(url, host, infos, env, field, rule)
 
 
 __all__ = ["AddressRefused", "acheck", "allowed", "check"]

@@ -21,6 +21,7 @@ STATUS: dict[type[e.SessionError], int] = {
     e.AdminRequired: 403,
     e.DocumentsMissing: 422,
     e.KeyReused: 422,
+    e.RepositoryNotPublic: 422,
     e.TurnsOverQuota: 429,
     e.LogBusy: 503,
     e.PurgeUnavailable: 503,

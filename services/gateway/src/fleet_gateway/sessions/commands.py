@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleet_events import new_id
+from fleet_events.addresses import REPOSITORY, AddressRefused
+from fleet_events.git import remote_of
 from fleet_events.session import (
     CancelRequested,
     InputProvided,
@@ -40,6 +42,7 @@ from fleet_gateway.sessions.errors import (
     KeyInFlight,
     KeyReused,
     NoActiveTurn,
+    RepositoryNotPublic,
     SessionIsDeleted,
     SessionNotDeleted,
     SessionNotFound,
@@ -48,6 +51,7 @@ from fleet_gateway.sessions.errors import (
 )
 from fleet_gateway.sessions.keys import check_key, key_event_id, key_turn_id
 from fleet_gateway.sessions.purge import purge_session
+from fleet_mesh import egress
 from fleet_mesh.store import EMPTY
 
 
@@ -112,6 +116,7 @@ class SessionCommands:
         active = self.active_turns(tenant)
         if active >= self.turn_limit:
             raise TurnsOverQuota(tenant, active, self.turn_limit)
+        await _public_repository(request.repo_url)
         if key is None:
             return await self._request(tenant, session, request, new_id(), new_id(), None, create)
         check_key(key, key_field)
@@ -185,3 +190,18 @@ class SessionCommands:
         if not state.deleted:
             raise SessionNotDeleted(session)
         return await purge_session(self.log, tenant, session, by=by, reason=reason)
+
+
+async def _public_repository(url: str | None) -> None:
+    """A remote `repo_url`'s host, resolved and judged by the broker's own rule (public
+    addresses, or ranges in `FLEET_EGRESS_ALLOW`), so a turn the checkout would refuse is
+    refused before it is stored; the broker judges it again when it clones (a name can
+    change its answer)."""
+    remote = remote_of(url) if url is not None else None
+    if url is None or remote is None:
+        return
+    _, host, port = remote
+    try:
+        await egress.ajudged(url, host, port, field="repo_url", rule=REPOSITORY)
+    except AddressRefused as exc:
+        raise RepositoryNotPublic(str(exc)) from None

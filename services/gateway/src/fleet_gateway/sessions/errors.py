@@ -118,6 +118,16 @@ class TurnsOverQuota(SessionError):
         )
 
 
+class RepositoryNotPublic(SessionError):
+    """A turn's `repo_url` whose host resolves to an internal address (or to nothing): the
+    broker would refuse the checkout, so the turn is refused before it is stored."""
+
+    code = "address_not_public"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why, field="repo_url")
+
+
 class InvalidKey(SessionError):
     """An idempotency key that is empty, too long or not printable; `where` names the field
     it came in (the `Idempotency-Key` header, the frame's `id`)."""

@@ -13,7 +13,16 @@ pinned to the address checked, with redirects refused (`pinned`; `workspace.clon
 
 from urllib.parse import urlsplit, urlunsplit
 
-from fleet_events.git import LOCAL_SCHEMES, MAX_REF, MAX_URL, SCHEMES, ref_refusal, repo_url_refusal
+from fleet_events.git import (
+    LOCAL_SCHEMES,
+    MAX_REF,
+    MAX_URL,
+    PORTS,
+    SCHEMES,
+    ref_refusal,
+    remote_of,
+    repo_url_refusal,
+)  # fmt: skip
 from fleet_sandbox_broker.errors import BadSpec
 
 __all__ = [
@@ -38,19 +47,6 @@ def check_repo_url(url: str, *, allow_local: bool) -> str:
     if why is not None:
         raise BadSpec(why)
     return url
-
-
-PORTS = {"https": 443, "ssh": 22, "git": 9418}
-"""The remote transports and their default ports (the rest are local: tests only)."""
-
-
-def remote_of(url: str) -> tuple[str, str, int] | None:
-    """(scheme, host, port) of a checked remote URL; None for a local one."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in PORTS:
-        return None
-    return scheme, parts.hostname or "", parts.port or PORTS[scheme]
 
 
 def pinned(url: str, ip: str) -> tuple[str, dict[str, str]]:

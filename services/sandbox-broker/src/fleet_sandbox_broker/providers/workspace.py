@@ -8,16 +8,14 @@ clone) runs as that uid, never as root.
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
-from fleet_events.addresses import REPOSITORY, refusal
+from fleet_events.addresses import REPOSITORY, AddressRefused
 from fleet_mesh import egress
 from fleet_sandbox_broker.errors import BadSpec, ForkFailed
 from fleet_sandbox_broker.providers.git import check_ref, check_repo_url, pinned, remote_of
@@ -153,16 +151,10 @@ async def public_address(url: str) -> str:
     """The address a remote repository URL's host resolves to, once every address it answers
     is judged public (or allowed by `FLEET_EGRESS_ALLOW`); BadSpec naming why not."""
     _, host, port = remote_of(url) or ("", "", 0)
-    loop = asyncio.get_running_loop()
     try:
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        raise BadSpec(f"repo_url {url[:200]!r}: its host {host!r} does not resolve") from None
-    addresses = [ipaddress.ip_address(str(info[4][0])) for info in infos]
-    problem = refusal(url, addresses, egress.allowed(), field="repo_url", rule=REPOSITORY)
-    if problem is not None:
-        raise BadSpec(problem)
-    return str(addresses[0])
+        return str(await egress.ajudged(url, host, port, field="repo_url", rule=REPOSITORY))
+    except AddressRefused as exc:
+        raise BadSpec(str(exc)) from None
 
 
 async def _bundle(source: str, staging: Path, shown: str) -> str:

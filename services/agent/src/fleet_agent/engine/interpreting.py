@@ -131,6 +131,8 @@ class RecordingInterpreter(RemoteInterpreter):
         self._answers: deque[tuple[str, sb.ToolReply]] = deque()
         """Host calls answered from what they answered before (a replay, or a cell run again)."""
         self._diverged = ""
+        self._replaying = False
+        """Replaying a kept cell: every host call is answered from memory, none made live."""
         self._tools_lock = threading.Condition()
         self._in_tools = 0
 
@@ -218,9 +220,14 @@ class RecordingInterpreter(RemoteInterpreter):
         for n, ran in enumerate(self._ran, start=1):
             with self._tools_lock:
                 self._calls, self._answers, self._diverged = [], deque(ran.tools), ""
+                self._replaying = True
             self._reply = None
-            with contextlib.suppress(CodeExecutionError, SyntaxError):
-                super().execute(ran.code, ran.variables)
+            try:
+                with contextlib.suppress(CodeExecutionError, SyntaxError):
+                    super().execute(ran.code, ran.variables)
+            finally:
+                with self._tools_lock:
+                    self._replaying = False
             got = _answer_of(self._reply)
             if got != ran.answer or self._diverged or self._answers:
                 why = self._diverged or (
@@ -344,13 +351,16 @@ class RecordingInterpreter(RemoteInterpreter):
 
     def _on_tool(self, call: sb.ToolCall) -> sb.ToolReply:
         with self._tools_lock:
-            if self._answers:  # a replayed cell, or one run again: answered as before
+            if self._replaying:  # a kept cell: answered as before, never made live
+                reply = self._replayed(call.name)
+                self._calls.append((call.name, reply))
+                return reply
+            if self._answers and self._answers[0][0] == call.name:
+                # the interrupted cell run again: its calls made before the loss, as answered
                 name, reply = self._answers.popleft()
-                if name != call.name:
-                    self._diverged = f"it called {call.name}() where the first run called {name}()"
-                    reply = sb.ToolReply(ok=False, error="replay diverged: " + self._diverged)
                 self._calls.append((name, reply))
                 return reply
+            self._answers.clear()  # it went another way: from here on its calls are live
             self._in_tools += 1
         try:
             reply = self._live_tool(call)
@@ -361,6 +371,15 @@ class RecordingInterpreter(RemoteInterpreter):
         with self._tools_lock:
             self._calls.append((call.name, reply))
         return reply
+
+    def _replayed(self, name: str) -> sb.ToolReply:
+        """The next kept answer of the cell being replayed; a call it did not make the first
+        time marks the replay diverged and is refused (nothing is asked live in a replay)."""
+        if self._answers and self._answers[0][0] == name:
+            return self._answers.popleft()[1]
+        first = f"{self._answers[0][0]}()" if self._answers else "nothing more"
+        self._diverged = self._diverged or f"it called {name}() where the first run called {first}"
+        return sb.ToolReply(ok=False, error="replay diverged: " + self._diverged)
 
     def _live_tool(self, call: sb.ToolCall) -> sb.ToolReply:
         if call.name == CONSTRUCT_TOOL and _facade_kind(call) in REFUSED_FACADE:

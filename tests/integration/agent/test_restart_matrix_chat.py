@@ -6,15 +6,17 @@ Every round: the turn completes with the answer that needs the tool's result, an
 call is seen once at the fake. Four kills in the suite, ten with `FLEET_RESTART_KILLS=10`."""
 
 import os
+import re
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import pytest
 
 from fleet_events import new_id
 from fleet_events.run import ToolCalled
 from fleet_events.session import TurnCompleted, TurnRequested
-from fleet_harness.scripted_lm import Gate, ScriptedLM
+from fleet_harness.scripted_lm import Gate, Reply, ScriptedLM, ScriptedRequest
 from fleet_harness.waits import WaitTimeout, eventually
 
 from .resume_kit import where
@@ -36,6 +38,8 @@ AGENT_ENV = {
 KILLS = int(os.environ.get("FLEET_RESTART_KILLS", "4"))
 """Kills per run: four in the suite (its time on a 2-core runner); the issue's ten with
 `FLEET_RESTART_KILLS=10` (docs/turns.md has that run's figures)."""
+CODE_KILLS = min(KILLS, 2)
+"""The code route's rounds: each waits for the interpreter's liveness probe (up to 10 s)."""
 
 
 def agent_log(processes: Processes) -> str:
@@ -91,3 +95,44 @@ async def kill_rounds(
                     raise AssertionError(f"{case} {mine}\n{steps}\n{agent_log(processes)}")
                 called = of_type(await s.run_events(turn), ToolCalled)
                 assert [c.tool for c in called] == ["rlm_query"], called
+
+
+CELL = (
+    "import os, time\nfirst = not os.path.exists('mark')\nopen('mark', 'a').write('x')\n"
+    "if first:\n    time.sleep(120)\nprint(17 * 23)"
+)
+"""The code route's cell: its first run waits (the broker is killed under it), a run after
+that finds `mark` and answers at once."""
+
+
+def code_script(request: ScriptedRequest) -> Reply:
+    text = request.prompt_text
+    marker = re.search(r"CODETASK (\d+)", text)
+    assert marker, text[-300:]
+    assert "[[ ## previous_error ## ]]" in text, text[-300:]  # only the code route asks
+    return Reply(f"[[ ## code ## ]]\n{CELL}", key=f"code{marker.group(1)}:code")
+
+
+async def test_a_chat_code_cell_runs_again_in_a_new_context_across_a_broker_sigkill(
+    processes: Processes,
+) -> None:
+    """The code route runs each cell in a REPL context of its own: one lost under the cell
+    (the broker SIGKILLed and started again) runs the cell again, once, in a new context,
+    instead of failing the attempt and asking the model for the code again."""
+    (broker,) = [r for r in processes.replicas if r.service == "sandbox-broker"]
+    with ScriptedLM(code_script) as fake:
+        for n in range(CODE_KILLS):
+            async with session(processes) as s:
+                await s.use_model(fake)
+                turn = new_id()
+                await s.append(turn, TurnRequested(message=f"CODETASK {n}: what is 17 * 23?"))
+                workspace = await eventually(s.workspace, timeout=90, what="the sandbox")
+                mark = workspace / "mark"
+                await eventually(partial(Path.exists, mark), timeout=90, what="the cell running")
+                broker.kill()
+                broker.start()
+                ended = await s.ended(turn, timeout=180)
+                assert isinstance(ended, TurnCompleted), (n, ended, await where(s, turn))
+                assert ended.answer.startswith("391\n"), ended.answer
+                assert mark.read_text() == "xx"  # the cell ran twice
+                assert fake.calls == {f"code{i}:code": 1 for i in range(n + 1)}, fake.calls

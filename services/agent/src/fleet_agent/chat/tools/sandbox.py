@@ -51,20 +51,30 @@ class Sandbox:
         return self._run(code, variables)
 
     def _run(self, code: str, variables: dict[str, Any] | None = None) -> str:
+        """One cell in a REPL context of its own (nothing carries over between them), so a
+        context lost under it (its broker started again, the sandbox revived in place) needs
+        no rebuild: the cell runs again, once, in a new context (it runs at least once)."""
         from dspy.primitives.code_interpreter import CodeInterpreterError
 
         from fleet_agent.interpreter import RemoteInterpreter
 
-        interpreter = RemoteInterpreter(self.kit.ctx.mesh.bus, self.kit.sandbox())
-        try:
-            output = interpreter.execute(code, variables)
-        except SyntaxError as exc:
-            raise ToolError(f"the code does not parse: {exc.msg} (line {exc.lineno})") from None
-        except CodeInterpreterError as exc:
-            raise ToolError(str(exc)[:4000]) from None
-        finally:
-            interpreter.shutdown()
-        return str(output if output is not None else "")
+        for attempt in range(CELL_TRIES):
+            interpreter = RemoteInterpreter(self.kit.ctx.mesh.bus, self.kit.sandbox())
+            try:
+                output = interpreter.execute(code, variables)
+            except SyntaxError as exc:
+                raise ToolError(f"the code does not parse: {exc.msg} (line {exc.lineno})") from None
+            except CodeInterpreterError as exc:
+                if interpreter.context_lost and attempt + 1 < CELL_TRIES:
+                    continue
+                raise ToolError(str(exc)[:4000]) from None
+            finally:
+                interpreter.shutdown()
+            return str(output if output is not None else "")
+        raise AssertionError("unreachable: the last try returns or raises")
 
 
-__all__ = ["LISTING_LIMIT", "Sandbox"]
+CELL_TRIES = 2
+"""A chat cell's runs: once more when its context was lost under it."""
+
+__all__ = ["CELL_TRIES", "LISTING_LIMIT", "Sandbox"]

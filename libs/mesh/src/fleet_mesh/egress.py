@@ -18,11 +18,13 @@ from fleet_events.addresses import (
     ALLOW_ENV,
     IP,
     MODEL_SERVER,
+    REPOSITORY,
     AddressRefused,
     host_of,
     parse_allow,
     refusal,
 )  # fmt: skip
+from fleet_events.git import remote_of
 
 
 def allowed(
@@ -91,3 +93,14 @@ async def ajudged(
 
 
 __all__ = ["AddressRefused", "acheck", "allowed", "check"]
+
+
+async def arepository(url: str, env: Mapping[str, str] | None = None) -> IP | None:
+    """The address a remote repository URL's host resolves to, every address it answers
+    judged by the repository rule (`REPOSITORY`); None for a local URL (tests only, and
+    refused from clients by `fleet_events.git`). AddressRefused naming why not."""
+    remote = remote_of(url)
+    if remote is None:
+        return None
+    _, host, port = remote
+    return await ajudged(url, host, port, field="repo_url", rule=REPOSITORY, env=env)

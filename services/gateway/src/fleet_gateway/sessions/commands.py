@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleet_events import new_id
-from fleet_events.addresses import REPOSITORY, AddressRefused
-from fleet_events.git import remote_of
+from fleet_events.addresses import AddressRefused
 from fleet_events.session import (
     CancelRequested,
     InputProvided,
@@ -193,15 +192,12 @@ class SessionCommands:
 
 
 async def _public_repository(url: str | None) -> None:
-    """A remote `repo_url`'s host, resolved and judged by the broker's own rule (public
-    addresses, or ranges in `FLEET_EGRESS_ALLOW`), so a turn the checkout would refuse is
-    refused before it is stored; the broker judges it again when it clones (a name can
-    change its answer)."""
-    remote = remote_of(url) if url is not None else None
-    if url is None or remote is None:
+    """A remote `repo_url`'s host judged by the broker's own rule (`egress.arepository`), so a
+    turn the checkout would refuse is refused before it is stored; the broker judges it again
+    when it clones (a name can change its answer)."""
+    if url is None:
         return
-    _, host, port = remote
     try:
-        await egress.ajudged(url, host, port, field="repo_url", rule=REPOSITORY)
+        await egress.arepository(url)
     except AddressRefused as exc:
         raise RepositoryNotPublic(str(exc)) from None

@@ -15,7 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from fleet_events.addresses import REPOSITORY, AddressRefused
+from fleet_events.addresses import AddressRefused
 from fleet_mesh import egress
 from fleet_sandbox_broker.errors import BadSpec, ForkFailed
 from fleet_sandbox_broker.providers.git import check_ref, check_repo_url, pinned, remote_of
@@ -150,9 +150,8 @@ async def clone(
 async def public_address(url: str) -> str:
     """The address a remote repository URL's host resolves to, once every address it answers
     is judged public (or allowed by `FLEET_EGRESS_ALLOW`); BadSpec naming why not."""
-    _, host, port = remote_of(url) or ("", "", 0)
     try:
-        return str(await egress.ajudged(url, host, port, field="repo_url", rule=REPOSITORY))
+        return str(await egress.arepository(url))
     except AddressRefused as exc:
         raise BadSpec(str(exc)) from None
 

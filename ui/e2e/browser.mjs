@@ -232,6 +232,44 @@ await scenario("cancel-a-turn", async () => {
   await turnEnds(/cancelled/);
 });
 
+await scenario("model-call-in-flight", async () => {
+  await newSession("auto", "Think slowly: what is the capital of France?");
+  // the call is granted and sent, its reply still streaming: shown in flight, not "0 used"
+  const budget = page.getByRole("list", { name: "Budget" });
+  await budget.getByText(/LLM calls \d+ used · 1 in flight/).waitFor({ timeout: T.turn });
+  await page.getByRole("tab", { name: "Trace tree" }).click();
+  await page
+    .getByRole("treeitem")
+    .filter({ hasText: /in flight/ })
+    .waitFor({ timeout: T.ui });
+});
+
+await scenario("model-call-in-flight-ends", async () => {
+  await turnEnds();
+  const budget = page.getByRole("list", { name: "Budget" });
+  const line = (await budget.textContent()) ?? "";
+  check(!line.includes("in flight"), `the budget still says ${line}`);
+  const flying = await page
+    .getByRole("treeitem")
+    .filter({ hasText: /in flight/ })
+    .count();
+  check(flying === 0, `${flying} calls still shown in flight after the turn ended`);
+  await page.getByRole("tab", { name: "Execution" }).click();
+});
+
+await scenario("fallback-named-beside-the-answer", async () => {
+  await newSession("auto", "What is 7 / 0? Fall back if the code fails.");
+  await turnEnds();
+  const turn = page.locator("[data-turn]").last();
+  const line = (await turn.getByTestId("turn-fallback").textContent()) ?? "";
+  check(
+    /^answered by .*chain of thought.* after .*code.* failed: /i.test(line.trim()),
+    `the fallback line reads ${JSON.stringify(line)}`,
+  );
+  const answer = (await turn.locator("p").last().textContent())?.trim();
+  check(answer === "undefined", `the fallback answered ${answer}`);
+});
+
 await scenario("answer-a-clarification", async () => {
   await newSession("auto", "Deploy the code to production");
   const asks = page.getByRole("region", { name: "The agent asks" });

@@ -8,6 +8,10 @@ answer. It prints its base URL on the first line and serves until killed.
   "42 via alt";
 - a ReAct step (`next_tool_name`): ask the user which region, and finish once answered (or
   at once when the uploaded minutes' text is in the prompt);
+- a ChainOfThought asked to "think slowly": an answer streamed at 0.4 s a word (~6 s, the
+  call-in-flight test);
+- a computable question that says "fall back": the code route's cell divides by zero (twice),
+  and the ChainOfThought it falls back to answers "undefined" (the fallback-line test);
 - ReAct's extract or a ChainOfThought (`answer`): the region chosen, the launch code when the
   prompt holds the uploaded minutes' text ("the launch code is ZEBRA-4417"), or "four";
 - the connectivity probe ("Reply with exactly OK"): OK.
@@ -52,6 +56,14 @@ def answer(request: ScriptedRequest) -> Reply:
             return Reply(_fields(next_thought="done", next_tool_name="finish", next_tool_args="{}"))
         args = '{"question": "Which region?", "options": ["eu", "us"]}'
         return Reply(_fields(next_thought="ask", next_tool_name="ask_user", next_tool_args=args))
+    if "`code`" not in system and "think slowly" in text.lower():  # the in-flight test
+        slow = "Thinking it through slowly, one word at a time: Paris is the capital of France."
+        return Reply(_fields(reasoning="slowly", answer=slow, needs_tools="False"),
+                     pace_s=0.4)  # fmt: skip
+    if "previous_error" in system and "fall back" in text.lower():  # the code route fails
+        return Reply(_fields(code="print(7 / 0)"))
+    if "`code`" not in system and "fall back" in text.lower():  # ...and chain of thought answers
+        return Reply(_fields(reasoning="no cell", answer="undefined", needs_tools="False"))
     if "`code`" not in system:  # ReAct's extract, or a ChainOfThought
         if "eu please" in text:
             return Reply(_fields(reasoning="they chose", answer="deploying to eu"))

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from fleet_agent.engine import root_run_id
 from fleet_agent.lm import ANSWER_DELTA
+from fleet_events.bus import CALL_STARTED_DELTA
 from fleet_events.run import LlmCalled
 from fleet_harness.scripted_lm import ScriptedLM
 
@@ -47,14 +49,18 @@ async def test_a_chat_turns_answer_reaches_the_socket_as_deltas_before_its_event
             )
             await ws.close()
             events = await s.run_events(turn)
-    deltas = [f for f in frames if f["type"] == "delta"]
+    (started,) = [f for f in frames if f["type"] == "delta" and f["kind"] == CALL_STARTED_DELTA]
+    deltas = [f for f in frames if f["type"] == "delta" and f is not started]
     assert deltas, [kind(f) for f in frames]
     assert {d["kind"] for d in deltas} == {ANSWER_DELTA}
+    assert frames.index(started) < frames.index(deltas[0])  # the call is in flight first
     assert "".join(d["text"] for d in deltas) == ANSWER
     assert len(deltas) > 3  # as the tokens came, not in one piece
     order = [kind(f) for f in frames]
     assert order.index("delta") < order.index("run.llm_called")  # the preview comes first...
     (called,) = of_type(events, LlmCalled)
     assert called.response == reply  # ...and the stored call holds the whole reply
+    assert json.loads(started["text"])["grant"] == called.grant_id  # ...and ends the one in flight
+    assert started["run"] == root_run_id(s.tenant, s.session, turn)
     completed = next(f for f in frames if kind(f) == "turn.completed")
     assert json.dumps(completed["event"]["data"]["answer"]) == json.dumps(ANSWER)

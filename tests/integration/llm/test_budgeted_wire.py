@@ -3,6 +3,7 @@ scripted LM (a FAKE model server): what a llama.cpp profile sends (the limit in 
 the seed, a grammar of the adapter's fields), and the answer streamed to `on_delta` while the
 recorded call holds the whole response."""
 
+import json
 import os
 from typing import Any
 
@@ -11,8 +12,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy
 import pytest
 
-from fleet_agent.lm import ANSWER_DELTA, CallScope, budgeted_lm
+from fleet_agent.lm import ANSWER_DELTA, BudgetSpent, CallScope, budgeted_lm
 from fleet_events import new_id
+from fleet_events.bus import CALL_STARTED_DELTA
 from fleet_events.run import LlmCalled
 from fleet_harness.scripted_lm import Reply, ScriptedLM
 from fleet_harness.waits import eventually_sync
@@ -110,6 +112,30 @@ def test_the_answer_streams_to_on_delta_and_the_record_holds_the_whole_reply(
     assert (call.prompt_tokens, call.completion_tokens) == (99, 21)  # the stream's usage chunk
     status = tenant.status(tree)
     assert (status.calls_recorded, status.tokens_used) == (1, 120)
+
+
+def test_a_granted_call_is_announced_before_it_is_sent_and_a_refused_one_is_not(
+    tenant: Tenant,
+) -> None:
+    seen: list[tuple[str, Any]] = []
+    with ScriptedLM(["first", "second"]) as fake:
+        tenant.profile("delegate", model="openai/scripted", api_base=fake.base_url)
+        tree = tenant.open_tree(max_llm_calls=1)
+        scope = CallScope(tenant=tenant.id, tree=tree, run=new_id(), role="delegate", kind="sub")
+        lm = budgeted_lm(
+            tenant.line, tenant.services, scope,
+            on_call=lambda call: seen.append(("stored", call)),
+            announce=lambda kind, text: seen.append((kind, json.loads(text))),
+        )  # fmt: skip
+        assert lm("the first question") == ["first"]
+        with pytest.raises(BudgetSpent):  # the tree's one call is spent: nothing is sent
+            lm("the second question")
+        sent = len(fake.requests)
+    (started, before), (stored, call) = seen
+    assert (started, stored) == (CALL_STARTED_DELTA, "stored")  # announced, then recorded
+    assert before == {"grant": call.grant_id, "role": "delegate", "model": "openai/scripted"}
+    assert call.grant_id  # the stored call names the grant its announcement named
+    assert sent == 1
 
 
 def test_a_reply_without_an_answer_field_sends_no_delta(tenant: Tenant) -> None:

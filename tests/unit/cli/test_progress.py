@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from fleet_cli.progress import describe
+from fleet_cli.progress import call_started, describe
 
 
 def event(run: str = "run-abcdefghijklmnop", **data: Any) -> dict[str, Any]:
@@ -48,3 +48,15 @@ def test_the_frameworks_set_up_code_is_not_shown_as_a_cell_the_model_wrote() -> 
     assert (
         describe(setup) == "· sandbox set up [run-abcdefgh] (the framework's code, not the model's)"
     )
+
+
+def test_a_model_call_in_flight_is_a_line_of_its_own_and_other_deltas_are_not() -> None:
+    text = '{"grant": "r1-g3", "role": "planner", "model": "openai/qwen"}'
+    started = {"type": "delta", "kind": "llm_call_started", "run": "run-abcdefghijklmnop",
+               "text": text}  # fmt: skip
+    assert call_started(started) == "· model call [run-abcdefgh] planner · openai/qwen in flight"
+    garbled = {**started, "text": "not json"}
+    assert call_started(garbled) == "· model call [run-abcdefgh] ? · ? in flight"
+    token = {"type": "delta", "kind": "assistant_token", "run": None, "text": "Par"}
+    assert call_started(token) == ""  # the answer's own text stays the answer's
+    assert call_started(event(type="run.llm_called")) == ""

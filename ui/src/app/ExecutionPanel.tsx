@@ -10,12 +10,17 @@ export function BudgetBar({ view }: { view: ViewModel }) {
     <ul aria-label="Budget" className="flex flex-col gap-1 p-3 text-sm">
       {budgets.map((b) => {
         const left = Math.max(0, b.maxLlmCalls - b.callsUsed);
+        const flying = Object.values(view.runs)
+          .filter((r) => r.tree === b.tree)
+          .reduce((n, r) => n + r.inFlight.length, 0);
         const pct = b.maxLlmCalls ? Math.min(100, (100 * b.callsUsed) / b.maxLlmCalls) : 0;
         return (
           <li key={b.tree}>
             <div className="flex justify-between text-slate-200">
               <span>
-                LLM calls {b.callsUsed} used · {b.maxLlmCalls ? `${left} left` : "no limit known"}
+                LLM calls {b.callsUsed} used
+                {flying ? ` · ${flying} in flight` : ""} ·{" "}
+                {b.maxLlmCalls ? `${left} left` : "no limit known"}
               </span>
               <span>
                 {b.tokensUsed} tok · {cost(b.costUsed)}

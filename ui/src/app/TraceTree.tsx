@@ -61,6 +61,17 @@ function NodeDetail({ view, id }: { view: ViewModel; id: string }) {
       </section>
     );
   }
+  if (kind === "flight") {
+    const c = Object.values(view.runs)
+      .flatMap((r) => r.inFlight)
+      .find((f) => f.grant === key);
+    if (!c) return null;
+    return (
+      <section aria-label="LLM call detail" className="rounded border border-slate-700 p-2 text-sm">
+        {c.role} · {c.model} · in flight: sent under grant {c.grant}, no reply yet
+      </section>
+    );
+  }
   if (kind === "llm") {
     const c = view.llmCalls[key];
     if (!c) return null;

@@ -2,9 +2,10 @@
 import { cleanup, fireEvent, render, screen } from "@testing-library/react";
 import { afterEach, describe, expect, it } from "vitest";
 import { bigSession } from "../../bench/shared";
-import { fold } from "../model/fold";
+import { Log } from "../model/fixtures";
+import { fold, foldDelta } from "../model/fold";
 import { emptyView } from "../model/view";
-import { ExecutionPanel, SHOWN } from "./ExecutionPanel";
+import { BudgetBar, ExecutionPanel, SHOWN } from "./ExecutionPanel";
 import { AuditBadge } from "./SessionsPage";
 import { SHOWN_TURNS, Transcript } from "./Transcript";
 
@@ -45,6 +46,27 @@ describe("audit badge", () => {
 });
 
 describe("execution panel", () => {
+  it("counts a call in flight as in flight, not as used", () => {
+    const log = new Log();
+    log.add({ type: "session.created" });
+    log.add({ type: "turn.requested", message: "hi" }, { turn: "t" });
+    log.add(
+      { type: "run.started", kind: "chat", tree: "x", max_llm_calls: 5 },
+      { turn: "t", run: "r" },
+    );
+    const text = JSON.stringify({ grant: "r-g1", role: "planner", model: "qwen" });
+    const view = foldDelta(fold(emptyView(), log.frames), {
+      type: "delta",
+      kind: "llm_call_started",
+      run: "r",
+      text,
+    });
+    render(<BudgetBar view={view} />);
+    expect(screen.getByRole("list", { name: "Budget" }).textContent).toMatch(
+      /^LLM calls 0 used · 1 in flight · 5 left/,
+    );
+  });
+
   it("shows the latest cells and calls, and the earlier ones on request", () => {
     const view = fold(emptyView(), bigSession(1000).frames);
     expect(view.cellOrder.length).toBeGreaterThan(SHOWN);

@@ -234,10 +234,11 @@ describe("trace tree", () => {
     expect(turn?.id).toBe("turn:t1");
     const root = turn?.children[0];
     expect(root?.id).toBe("run:r1");
-    expect(root?.children.map((c) => c.id)).toEqual(["iter:r1:0", "iter:r1:1", "run:r2"]);
+    // in the order they happened: the child ran between the root's two iterations
+    expect(root?.children.map((c) => c.id)).toEqual(["iter:r1:0", "run:r2", "iter:r1:1"]);
     expect(root?.children[0]?.children.map((c) => c.id)).toEqual(["llm:c1", "cell:k1"]);
-    expect(root?.children[1]?.children[0]).toMatchObject({ id: "cell:k3", status: "failed" });
-    expect(root?.children[2]?.children[0]?.children.map((c) => c.id)).toEqual([
+    expect(root?.children[2]?.children[0]).toMatchObject({ id: "cell:k3", status: "failed" });
+    expect(root?.children[1]?.children[0]?.children.map((c) => c.id)).toEqual([
       "llm:c2",
       "cell:k2",
     ]);
@@ -252,12 +253,12 @@ describe("trace tree", () => {
       "iter:r1:0",
       "llm:c1",
       "cell:k1",
-      "iter:r1:1",
-      "cell:k3",
       "run:r2",
       "iter:r2:0",
       "llm:c2",
       "cell:k2",
+      "iter:r1:1",
+      "cell:k3",
     ]);
     expect(treeKey(all, "run:r1", "ArrowDown").focus).toBe("iter:r1:0");
     expect(treeKey(all, "iter:r1:0", "ArrowLeft")).toEqual({
@@ -265,10 +266,79 @@ describe("trace tree", () => {
       toggle: "iter:r1:0",
     });
     expect(treeKey(all, "llm:c1", "ArrowLeft").focus).toBe("iter:r1:0");
-    expect(treeKey(all, "cell:k2", "End").focus).toBe("cell:k2");
+    expect(treeKey(all, "cell:k2", "End").focus).toBe("cell:k3");
     const folded = visibleRows(roots, new Set(["run:r1"]));
     expect(folded.map((r) => r.node.id)).toEqual(["turn:t1", "run:r1"]);
     expect(treeKey(folded, "run:r1", "ArrowRight")).toEqual({ focus: "run:r1", toggle: "run:r1" });
+  });
+
+  it("lists a fallback's steps below the failed child run that came first", () => {
+    const log = new Log();
+    log.add({ type: "session.created" });
+    log.add({ type: "turn.requested", message: "count" }, { turn: "t" });
+    const root = { turn: "t", run: "r" };
+    log.add({ type: "run.started", kind: "rlm", tree: "x" }, root);
+    log.add({ type: "run.iteration_planned", index: 0, code: "sub_rlm('a')" }, root);
+    log.add(
+      { type: "run.started", kind: "rlm", tree: "x", depth: 1 },
+      { ...root, run: "kid", parent_run: "r" },
+    );
+    log.add({ type: "run.failed", error: "timed out" }, { ...root, run: "kid", parent_run: "r" });
+    // the fallback's own call names no iteration: it hangs off the run, yet came last
+    log.add({ type: "run.llm_called", role: "planner", model: "m", call_id: "late" }, root);
+    log.add({ type: "run.cell_executed", code: "print(1)", cell_id: "k9" }, root);
+    const [turn] = buildTree(fold(emptyView(), log.frames));
+    expect(turn?.children[0]?.children.map((c) => c.id)).toEqual([
+      "iter:r:0",
+      "run:kid",
+      "llm:late",
+      "cell:k9",
+    ]);
+  });
+
+  it("shows a call in flight from its announcement until its stored call ends it", () => {
+    const log = new Log();
+    log.add({ type: "session.created" });
+    log.add({ type: "turn.requested", message: "hi" }, { turn: "t" });
+    log.add(
+      { type: "run.started", kind: "chat", tree: "x", max_llm_calls: 5 },
+      { turn: "t", run: "r" },
+    );
+    let view = fold(emptyView(), log.frames);
+    const started = (grant: string, run = "r") =>
+      ({
+        type: "delta",
+        kind: "llm_call_started",
+        run,
+        text: JSON.stringify({ grant, role: "planner", model: "qwen" }),
+      }) as const;
+    view = foldDelta(view, started("r-g1"));
+    expect(foldDelta(view, started("r-g1"))).toBe(view); // announced twice: shown once
+    expect(foldDelta(view, { ...started("r-g2"), text: "{oops" })).toBe(view);
+    expect(foldDelta(view, started("r-g2", "nope"))).toBe(view);
+    const flying = () => buildTree(view)[0]?.children[0]?.children.at(-1);
+    expect(flying()).toMatchObject({
+      id: "flight:r-g1",
+      kind: "llm",
+      label: "planner · qwen · in flight",
+      status: "running",
+    });
+    log.add(
+      { type: "run.llm_called", role: "planner", model: "qwen", call_id: "c1", grant_id: "r-g1" },
+      { turn: "t", run: "r" },
+    );
+    view = fold(view, log.frames.slice(-1));
+    expect(view.runs.r?.inFlight).toEqual([]);
+    expect(flying()?.id).toBe("llm:c1");
+    expect(foldDelta(view, started("r-g1"))).toBe(view); // a late announcement of a stored call
+    view = foldDelta(view, started("r-g2"));
+    expect(view.runs.r?.inFlight.map((c) => c.grant)).toEqual(["r-g2"]);
+    log.add({ type: "run.failed", error: "boom" }, { turn: "t", run: "r" });
+    view = fold(view, log.frames.slice(-1));
+    expect(view.runs.r?.inFlight).toEqual([]); // an ended run has nothing in flight
+    expect(foldDelta(view, started("r-g3"))).toBe(view);
+    // time travel never shows one: deltas are not in the log
+    expect(viewAt(log.frames, log.frames.length).runs.r?.inFlight).toEqual([]);
   });
 
   it("shows a run whose parent never appeared instead of hiding it", () => {

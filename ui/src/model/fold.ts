@@ -3,7 +3,7 @@
 // something changed). Inside one batch it copies each touched object once, which keeps a
 // 10,000-event replay linear instead of copying the whole model per event.
 import type { DeltaFrame, EventFrame } from "./frames";
-import type { Budget, Iteration, RunNode, Turn, ViewModel } from "./view";
+import type { Budget, InFlightCall, Iteration, RunNode, Turn, ViewModel } from "./view";
 import { emptyView } from "./view";
 
 class Draft {
@@ -51,11 +51,12 @@ class Draft {
     return mine;
   }
 
-  iteration(run: RunNode, index: number): Iteration {
+  iteration(run: RunNode, index: number, seq: number): Iteration {
     run.iterations = this.own(run.iterations);
     let at = run.iterations.findIndex((it) => it.index === index);
     if (at < 0) {
-      run.iterations.push({ index, reasoning: "", code: "", tool: "", cells: [], llmCalls: [] });
+      const it = { index, seq, reasoning: "", code: "", tool: "", cells: [], llmCalls: [] };
+      run.iterations.push(it);
       run.iterations.sort((a, b) => a.index - b.index);
       at = run.iterations.findIndex((it) => it.index === index);
     }
@@ -197,6 +198,7 @@ function apply(d: Draft, frame: EventFrame): void {
         children: [],
         maxLlmCalls: data.max_llm_calls ?? 0,
         liveStdout: "",
+        inFlight: [],
         seq,
       };
       v.runOrder = d.own(v.runOrder);
@@ -227,7 +229,7 @@ function apply(d: Draft, frame: EventFrame): void {
     case "run.iteration_planned": {
       const run = env.run ? d.run(env.run) : undefined;
       if (!run) return;
-      const it = d.iteration(run, data.index);
+      const it = d.iteration(run, data.index, seq);
       it.reasoning = data.reasoning ?? "";
       it.code = data.code ?? "";
       it.tool = data.tool ?? "";
@@ -262,7 +264,7 @@ function apply(d: Draft, frame: EventFrame): void {
       v.cellOrder.push(key);
       run.liveStdout = "";
       if (data.iteration != null) {
-        const it = d.iteration(run, data.iteration);
+        const it = d.iteration(run, data.iteration, seq);
         it.cells = d.own(it.cells);
         it.cells.push(key);
       } else {
@@ -297,14 +299,17 @@ function apply(d: Draft, frame: EventFrame): void {
             ? null
             : [],
         reply: typeof data.response === "string" ? data.response : data.response ? null : "",
+        grant: data.grant_id ?? "",
         seq,
       };
+      if (data.grant_id && run.inFlight.some((c) => c.grant === data.grant_id))
+        run.inFlight = run.inFlight.filter((c) => c.grant !== data.grant_id);
       v.llmOrder = d.own(v.llmOrder);
       v.llmOrder.push(key);
       // A sub-LM call made from a cell belongs to the iteration running that cell.
       const last = run.iterations.at(-1);
       if (data.cell && last) {
-        const it = d.iteration(run, last.index);
+        const it = d.iteration(run, last.index, seq);
         it.llmCalls = d.own(it.llmCalls);
         it.llmCalls.push(key);
       } else {
@@ -354,6 +359,7 @@ function apply(d: Draft, frame: EventFrame): void {
       if (!run) return;
       run.status = "completed";
       run.answer = data.answer;
+      run.inFlight = [];
       return;
     }
     case "run.failed": {
@@ -361,6 +367,7 @@ function apply(d: Draft, frame: EventFrame): void {
       if (!run) return;
       run.status = "failed";
       run.error = data.reason ? `${data.reason}: ${data.error}` : data.error;
+      run.inFlight = [];
       return;
     }
     case "run.cancelled": {
@@ -368,6 +375,7 @@ function apply(d: Draft, frame: EventFrame): void {
       if (!run) return;
       run.status = "cancelled";
       run.answer = data.partial_answer ?? "";
+      run.inFlight = [];
       return;
     }
     case "budget.tree_opened": {
@@ -410,6 +418,18 @@ export function fold(view: ViewModel, frames: readonly EventFrame[]): ViewModel 
 /** A live delta: previewed on the run or turn it names until the stored event replaces it. */
 /** The answer's streamed tokens (`fleet_agent.lm.ANSWER_DELTA`; `token` as older agents sent). */
 export const ANSWER_DELTAS = new Set(["assistant_token", "token"]);
+/** A granted model call about to be sent (`fleet_events.bus.CALL_STARTED_DELTA`). */
+export const CALL_STARTED = "llm_call_started";
+
+function announced(text: string): InFlightCall | null {
+  try {
+    const c = JSON.parse(text) as Partial<InFlightCall> | null;
+    if (!c || typeof c.grant !== "string" || !c.grant) return null;
+    return { grant: c.grant, role: String(c.role ?? "?"), model: String(c.model ?? "?") };
+  } catch {
+    return null;
+  }
+}
 
 export function foldDelta(view: ViewModel, delta: DeltaFrame): ViewModel {
   const d = new Draft({ ...view });
@@ -417,6 +437,15 @@ export function foldDelta(view: ViewModel, delta: DeltaFrame): ViewModel {
   if (delta.kind === "cell_output") {
     if (!run) return view;
     run.liveStdout += delta.text;
+    return d.v;
+  }
+  if (delta.kind === CALL_STARTED) {
+    const call = announced(delta.text);
+    // shown until its stored call arrives; one already stored (or a run ended) is not in flight
+    if (!run || !call || run.status !== "running") return view;
+    if (run.inFlight.some((c) => c.grant === call.grant)) return view;
+    if (Object.values(view.llmCalls).some((c) => c.grant === call.grant)) return view;
+    run.inFlight = [...run.inFlight, call];
     return d.v;
   }
   if (!ANSWER_DELTAS.has(delta.kind)) return view; // a kind this screen does not show

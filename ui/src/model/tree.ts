@@ -1,5 +1,7 @@
 // The recursive trace tree: turn → runs → iterations → cells / LLM calls → child runs. Built
 // from the view model alone, so the live tree and the time-travel tree are the same code.
+// Siblings stand in the order they happened (their first event's sequence): a fallback after
+// a failed child run is listed below it, whatever their kinds. Calls in flight come last.
 import type { ViewModel } from "./view";
 
 export type TreeKind = "turn" | "run" | "iteration" | "cell" | "llm";
@@ -10,6 +12,14 @@ export interface TreeNode {
   label: string;
   status: string;
   children: TreeNode[];
+}
+
+/** In the order they happened: `at` is each node's first sequence (stable for equal ones). */
+function byTime(nodes: { node: TreeNode; at: number }[]): TreeNode[] {
+  return nodes
+    .map((n, i) => ({ ...n, i }))
+    .sort((a, b) => a.at - b.at || a.i - b.i)
+    .map((n) => n.node);
 }
 
 function runNode(view: ViewModel, runId: string, seen: Set<string>): TreeNode | null {
@@ -37,22 +47,47 @@ function runNode(view: ViewModel, runId: string, seen: Set<string>): TreeNode | 
       children: [],
     };
   };
-  const kids = run.children
-    .map((child) => runNode(view, child, seen))
-    .filter((n): n is TreeNode => n !== null);
-  const iterations: TreeNode[] = run.iterations.map((it) => ({
-    id: `iter:${run.id}:${it.index}`,
-    kind: "iteration",
-    label: `iteration ${it.index}${it.tool ? ` · ${it.tool}` : ""}`,
-    status: "completed",
-    children: [...it.llmCalls.map(llm), ...it.cells.map(cell)],
+  const cellAt = (key: string) => ({ node: cell(key), at: view.cells[key]?.seq ?? 0 });
+  const llmAt = (key: string) => ({ node: llm(key), at: view.llmCalls[key]?.seq ?? 0 });
+  const kids = run.children.flatMap((child) => {
+    const node = runNode(view, child, seen);
+    return node ? [{ node, at: view.runs[child]?.seq ?? 0 }] : [];
+  });
+  const iterations = run.iterations.map((it) => {
+    const steps = [...it.llmCalls.map(llmAt), ...it.cells.map(cellAt)];
+    return {
+      node: {
+        id: `iter:${run.id}:${it.index}`,
+        kind: "iteration" as const,
+        label: `iteration ${it.index}${it.tool ? ` · ${it.tool}` : ""}`,
+        status: "completed",
+        children: byTime(steps),
+      },
+      at: Math.min(it.seq, ...steps.map((s) => s.at)),
+    };
+  });
+  const flying = run.inFlight.map((c) => ({
+    node: {
+      id: `flight:${c.grant}`,
+      kind: "llm" as const,
+      label: `${c.role} · ${c.model} · in flight`,
+      status: "running",
+      children: [],
+    },
+    at: Number.POSITIVE_INFINITY,
   }));
   return {
     id: `run:${run.id}`,
     kind: "run",
     label: `${run.kind}${run.depth ? ` (depth ${run.depth})` : ""}${run.task ? ` · ${run.task.slice(0, 50)}` : ""}`,
     status: run.status,
-    children: [...run.llmCalls.map(llm), ...iterations, ...run.cells.map(cell), ...kids],
+    children: byTime([
+      ...run.llmCalls.map(llmAt),
+      ...iterations,
+      ...run.cells.map(cellAt),
+      ...kids,
+      ...flying,
+    ]),
   };
 }
 

@@ -58,7 +58,16 @@ export interface LlmCall {
   prompt: { role: string; content: string }[] | null;
   /** The reply's text; null when offloaded like the prompt. */
   reply: string | null;
+  /** The budget grant it was made under: ends the in-flight call its announcement named. */
+  grant: string;
   seq: number;
+}
+
+/** A granted call announced (`llm_call_started` delta) whose `run.llm_called` is not in yet. */
+export interface InFlightCall {
+  grant: string;
+  role: string;
+  model: string;
 }
 
 export interface ToolCall {
@@ -74,6 +83,8 @@ export interface ToolCall {
 
 export interface Iteration {
   index: number;
+  /** The sequence of its first event (its plan, a cell or a call): where it sits in time. */
+  seq: number;
   reasoning: string;
   code: string;
   tool: string;
@@ -99,6 +110,8 @@ export interface RunNode {
   children: string[];
   maxLlmCalls: number;
   liveStdout: string;
+  /** Calls sent and not yet answered (live only: time travel never shows one). */
+  inFlight: InFlightCall[];
   seq: number;
 }
 

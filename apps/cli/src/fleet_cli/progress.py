@@ -2,7 +2,10 @@
 and for the steps a person follows live what they did: a code cell's first line and what it
 printed or raised, a tool call, a child run asked for and how it ended. Pure."""
 
+import json
 from typing import Any
+
+from fleet_events.bus import CALL_STARTED_DELTA
 
 WIDTH = 100
 
@@ -47,3 +50,18 @@ def describe(frame: dict[str, Any]) -> str:
             moved = f"{data.get('from_module')} → {data.get('to_module')}"
             return f"· {kind}: {moved} ({data.get('rule')})"
     return f"· {kind}"
+
+
+def call_started(frame: dict[str, Any]) -> str:
+    """`· model call … in flight` for a `llm_call_started` delta (empty for any other frame):
+    the call's own line, never mixed into the answer's streamed text."""
+    if frame.get("type") != "delta" or frame.get("kind") != CALL_STARTED_DELTA:
+        return ""
+    try:
+        call = json.loads(str(frame.get("text") or ""))
+    except ValueError:
+        call = {}
+    if not isinstance(call, dict):
+        call = {}
+    run = str(frame.get("run") or "")[:12]
+    return f"· model call [{run}] {call.get('role', '?')} · {call.get('model', '?')} in flight"

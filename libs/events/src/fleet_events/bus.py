@@ -236,6 +236,12 @@ class LiveDelta(msgspec.Struct, frozen=True, kw_only=True):
     text: str = ""
 
 
+CALL_STARTED_DELTA = "llm_call_started"
+"""A `LiveDelta` kind: a granted model call about to be sent, its text
+`{"grant": …, "role": …, "model": …}` as JSON; the stored `run.llm_called` with that
+`grant_id` ends it (a watcher shows the call in flight meanwhile)."""
+
+
 CHANNELS: tuple[Channel, ...] = (
     Channel(
         "session-log", subjects.SESSION_LOG.text, "events", "SESSIONS",

@@ -13,7 +13,9 @@ Response`), so this is a pair of dspy engines behind an ordinary `dspy.LM`. For 
    the fields its server honours (`fleet_agent.llm_wire`); with `on_delta` given, a reply that
    carries an `answer` field is streamed and that field's text handed to `on_delta` as it
    arrives (`fleet_agent.answer_stream`): the run publishes it on the session's live subject,
-   while the recorded call still holds the whole response;
+   while the recorded call still holds the whole response; with `announce` given, a granted
+   call says so before it is sent (an `llm_call_started` delta naming its grant, role and
+   model), so a watcher shows the call in flight until its `LlmCalled` is stored;
 4. record usage (`budget.usage`), failed calls included, at the profile's prices, and hand an
    `LlmCalled` event to `on_call` for the run engine to append; with `usage` (a run's
    `PendingUsage`) the report is sent and not waited for: the run's next grant, and its end,
@@ -39,6 +41,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: never fetch the map
 
 import dspy
+import msgspec
 import stamina
 from dspy.clients.engines.litellm_engine import LiteLLMEngine
 from dspy.clients.lm15_boundary import request_kwargs
@@ -60,6 +63,7 @@ from fleet_events.budget import (
     GrantReply,
     RecordUsage,
 )
+from fleet_events.bus import CALL_STARTED_DELTA
 from fleet_events.envelope import new_id
 from fleet_events.llm import InvalidProfile, LlmProfile, cost
 from fleet_events.run import ChatMessage, LlmCalled, request_digest
@@ -135,6 +139,7 @@ class BudgetedEngine:
         *,
         on_call: Callable[[LlmCalled], object] | None = None,
         on_delta: OnDelta | None = None,
+        announce: OnDelta | None = None,
         grant_id: Callable[[], str] = new_id,
         deadline_s: float = CLIENT_DEADLINE_S,
         run_deadline: float | None = None,
@@ -148,6 +153,7 @@ class BudgetedEngine:
         self.scope = scope
         self.on_call = on_call
         self.on_delta = on_delta
+        self.announce = announce
         self.grant_id = grant_id
         self.deadline_s = deadline_s
         self.run_deadline = run_deadline
@@ -268,6 +274,7 @@ class BudgetedEngine:
                 message = f"budget spent: {message}"
             raise BudgetSpent(message)
         messages, params = _messages(request)
+        self._announce(grant_id, profile.model)
         started = time.monotonic()
         response: Response | None = None
         error = ""
@@ -358,6 +365,16 @@ class BudgetedEngine:
             raise raised
         assert response is not None
         return response
+
+    def _announce(self, grant_id: str, model: str) -> None:
+        """Tell watchers the call is in flight; a watcher missing it costs the call nothing."""
+        if self.announce is None:
+            return
+        text = msgspec.json.encode({"grant": grant_id, "role": self.scope.role, "model": model})
+        try:
+            self.announce(CALL_STARTED_DELTA, text.decode())
+        except Exception as exc:  # the bus is down: the call itself says so when it fails
+            log.warning("could not announce a model call", extra={"error": str(exc)})
 
     def _streamed(
         self, engine: LiteLLMEngine, request: Request, on_delta: OnDelta | None,
@@ -489,6 +506,7 @@ def budgeted_lm(
     *,
     on_call: Callable[[LlmCalled], object] | None = None,
     on_delta: OnDelta | None = None,
+    announce: OnDelta | None = None,
     grant_id: Callable[[], str] = new_id,
     run_deadline: float | None = None,
     usage: PendingUsage | None = None,
@@ -498,11 +516,12 @@ def budgeted_lm(
     Its model label (`openai/fleet-<role>`) only names it in dspy's history: the model called
     is the profile's, read at each call. dspy's cache and retries are off, so every call is
     one grant and one provider call. With `on_delta`, the answer field's text of a reply that
-    has one goes to it as it streams in (`assistant_token` deltas).
+    has one goes to it as it streams in (`assistant_token` deltas); with `announce`, each
+    granted call is announced to it before it is sent (`llm_call_started`).
     """
     engine = BudgetedEngine(
-        runner, services, scope, on_call=on_call, on_delta=on_delta, grant_id=grant_id,
-        run_deadline=run_deadline, usage=usage,
+        runner, services, scope, on_call=on_call, on_delta=on_delta, announce=announce,
+        grant_id=grant_id, run_deadline=run_deadline, usage=usage,
     )  # fmt: skip
     return dspy.LM(
         f"openai/fleet-{scope.role}",
@@ -515,6 +534,7 @@ def budgeted_lm(
 
 __all__ = [
     "ANSWER_DELTA",
+    "CALL_STARTED_DELTA",
     "NO_KEY",
     "AsyncBudgetedEngine",
     "BudgetSpent",

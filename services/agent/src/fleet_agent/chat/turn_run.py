@@ -192,7 +192,7 @@ class TurnRun:
         return budgeted_lm(
             ctx.mesh.bus, ctx.mesh.lm, scope,
             on_call=self.recorder.on_llm_call, on_delta=self.recorder.live,
-            grant_id=self.next_grant_id, run_deadline=ctx.deadline,
+            announce=self.recorder.live, grant_id=self.next_grant_id, run_deadline=ctx.deadline,
         )  # fmt: skip
 
     @property

@@ -233,7 +233,8 @@ def _forward(
         streams = ctx.depth == 0 and kind == "step"
         budgeted = budgeted_lm(
             mesh.bus, mesh.lm, scope, on_call=recorder.on_llm_call,
-            on_delta=recorder.live if streams else None, grant_id=recorder.next_grant_id,
+            on_delta=recorder.live if streams else None, announce=recorder.live,
+            grant_id=recorder.next_grant_id,
             run_deadline=ctx.deadline, usage=usage,
         )  # fmt: skip
         return journal_lm(budgeted, hooks.resume, recorder) if hooks.resume.active else budgeted

@@ -59,12 +59,16 @@ async def test_ready_lists_the_local_model_only_when_a_mesh_runs_one(
     nc, kv = await bucket(private_nats)
     try:
         assert await llm_component(nc) is None  # --llm none, or a remote model: not listed
-        await store(kv, state="building", detail="building the server: 40s so far")
+        await store(kv, state="building", detail="building the server: 40s so far", eta_s=500)
         building = await llm_component(nc)
         assert building is not None
-        assert (building.kind, building.state) == ("llm", "down")
-        assert "building: qwen2.5-coder-0.5b-instruct (building the server: 40s" in building.detail
-        assert not (await check(nc, (), timeout=PROBE_S)).ready  # no turn can run yet
+        assert (building.kind, building.state) == ("llm", "starting")
+        assert "building: qwen2.5-coder-0.5b-instruct, ~9 min left (building the server: 40s" in (
+            building.detail
+        )
+        ready = await check(nc, (), timeout=PROBE_S)
+        assert ready.ready  # the mesh serves while the model installs: a turn waits for it
+        assert ready.starting == ["llm"]
         await store(kv, state="failed", detail="cmake is missing: apt-get install cmake",
                     advice="fix what the error names and start fleet up again")  # fmt: skip
         failed = await llm_component(nc)

@@ -31,7 +31,9 @@ from fleet_events.llm import (
     LOCAL_MODEL_KEY,
     ROLES,
     LlmProfile,
+    LocalModelState,
     decode_local_state,
+    local_state_line,
 )
 from fleet_harness.waits import eventually
 from fleet_mesh.bootstrap import bootstrap
@@ -65,6 +67,7 @@ def fake_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Cache]
         return Installed(model=model, python=sys.executable, seconds=0.0)
 
     monkeypatch.setattr(up, "ensure_installed", ensure_installed)
+    monkeypatch.setattr(up, "steps_to_do", lambda cache: [])  # installed: a warm start
     monkeypatch.setattr(
         server,
         "argv",
@@ -289,22 +292,19 @@ async def test_a_stop_during_the_install_cancels_it_and_starts_nothing(
         raise Cancelled("building the server: cancelled")
 
     monkeypatch.setattr(up, "ensure_installed", slow_install)
+    monkeypatch.setattr(up, "steps_to_do", lambda cache: ["weights", "build", "server"])
     nc = await bootstrapped(private_nats)
     stop = asyncio.Event()
     said: list[str] = []
-
-    async def run() -> dict[str, str]:
-        return await up.hook(options(tmp_path, up.AUTO), said.append, stop)(
-            private_nats.url, supervisor
-        )
-
-    running = asyncio.create_task(run())
-    await eventually(started.is_set, timeout=10, what="the install to start")
-    stop.set()
-    assert await asyncio.wait_for(running, 10) == {
+    hook = up.hook(options(tmp_path, up.AUTO), said.append, stop)
+    assert await asyncio.wait_for(hook(private_nats.url, supervisor), 10) == {
         "FLEET_SECRETS_KEY": str(tmp_path / "data" / "secrets" / "services.key"),
         "FLEET_SECRETS_PUBLIC_KEY": str(tmp_path / "data" / "secrets" / "services.pub"),
     }
+    await eventually(started.is_set, timeout=10, what="the install to start")
+    stop.set()
+    assert hook.background is not None
+    await asyncio.wait_for(hook.background, 10)
     assert supervisor.children == []
     assert said[-1] == "LLM: stopped before the local model was up"
     await nc.close()
@@ -338,10 +338,15 @@ async def test_a_failed_install_is_recorded_failed_with_its_error_and_advice(
         raise BuildFailed(missing)
 
     monkeypatch.setattr(up, "ensure_installed", failing_install)
+    monkeypatch.setattr(up, "steps_to_do", lambda cache: ["build", "server"])
     nc = await bootstrapped(private_nats)
     chosen = options(tmp_path, up.AUTO)
-    with pytest.raises(BuildFailed):
-        await up.hook(chosen, lambda _: None, asyncio.Event())(private_nats.url, supervisor)
+    said: list[str] = []
+    hook = up.hook(chosen, said.append, asyncio.Event())
+    await hook(private_nats.url, supervisor)  # the mesh comes up; the install fails beside it
+    assert hook.background is not None
+    await asyncio.wait_for(hook.background, 10)  # reported, never raised: the mesh stays up
+    assert said[-1].startswith(f"LLM: the local model failed to start: {missing}")
     kv = await nc.jetstream().key_value(streams.CONFIG.bucket)
     stored = decode_local_state((await kv.get(LOCAL_MODEL_KEY)).value or b"")
     assert stored is not None
@@ -349,4 +354,64 @@ async def test_a_failed_install_is_recorded_failed_with_its_error_and_advice(
     assert "--llm none" in stored.advice
     assert read_file(chosen.data_dir / "llm") == stored
     assert supervisor.children == []
+    await nc.close()
+
+
+async def test_a_first_install_runs_beside_the_services_saying_how_long_it_still_needs(
+    tmp_path: Path,
+    supervisor: Supervisor,
+    private_nats: NatsServer,
+    fake_install: list[Cache],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mesh and the UI do not wait minutes for a build: the hook returns at once with the
+    default profile already on the server's address, and the state says what is left."""
+    release = threading.Event()
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+
+    def first_install(cache: Cache, progress: Callable[[str], None], **_: object) -> Installed:
+        progress("building the server: 30s so far")
+        if not release.wait(30):
+            raise AssertionError("the test never released the install")
+        return Installed(model=model, python=sys.executable, seconds=0.0)
+
+    monkeypatch.setattr(up, "ensure_installed", first_install)
+    monkeypatch.setattr(up, "steps_to_do", lambda cache: ["weights", "build", "server"])
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    nc = await bootstrapped(private_nats)
+    js = nc.jetstream()
+    kv = await js.key_value(streams.CONFIG.bucket)
+    chosen = options(tmp_path, up.AUTO)
+    said: list[str] = []
+    hook = up.hook(chosen, said.append, asyncio.Event())
+    await asyncio.wait_for(hook(private_nats.url, supervisor), 10)  # not the install's minutes
+    api_base = f"http://127.0.0.1:{chosen.port}/v1"
+    stored = await (await LlmConfig.open(js)).get_profile(DEFAULT_PROFILE)
+    assert stored is not None
+    assert stored.profile.api_base == api_base
+    assert supervisor.children == []
+    assert "installs in the background (weights, build, server; ~17 min left)" in said[0]
+
+    async def building() -> LocalModelState | None:
+        found = decode_local_state((await kv.get(LOCAL_MODEL_KEY)).value or b"")
+        return found if found is not None and found.state == "building" else None
+
+    now = await eventually(building, timeout=10, what="the build's state")
+    assert now.api_base == api_base
+    assert now.eta_s is not None
+    assert 900 < now.eta_s <= 990
+    assert now.detail == "building the server: 30s so far"
+    assert "~17 min left" in local_state_line(now)
+
+    release.set()
+    assert hook.background is not None
+    await asyncio.wait_for(hook.background, 30)
+    (child,) = supervisor.children
+    assert child.spec.name == "llm"
+    assert child.alive()
+    up_now = decode_local_state((await kv.get(LOCAL_MODEL_KEY)).value or b"")
+    assert up_now is not None
+    assert (up_now.state, up_now.api_base) == ("up", api_base)
+    assert read_file(chosen.data_dir / "llm") == up_now
     await nc.close()

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from fleet_cli.progress import call_started, describe
+from fleet_cli.progress import delta_line, describe
 
 
 def event(run: str = "run-abcdefghijklmnop", **data: Any) -> dict[str, Any]:
@@ -54,9 +54,14 @@ def test_a_model_call_in_flight_is_a_line_of_its_own_and_other_deltas_are_not() 
     text = '{"grant": "r1-g3", "role": "planner", "model": "openai/qwen"}'
     started = {"type": "delta", "kind": "llm_call_started", "run": "run-abcdefghijklmnop",
                "text": text}  # fmt: skip
-    assert call_started(started) == "· model call [run-abcdefgh] planner · openai/qwen in flight"
+    assert delta_line(started) == "· model call [run-abcdefgh] planner · openai/qwen in flight"
     garbled = {**started, "text": "not json"}
-    assert call_started(garbled) == "· model call [run-abcdefgh] ? · ? in flight"
+    assert delta_line(garbled) == "· model call [run-abcdefgh] ? · ? in flight"
     token = {"type": "delta", "kind": "assistant_token", "run": None, "text": "Par"}
-    assert call_started(token) == ""  # the answer's own text stays the answer's
-    assert call_started(event(type="run.llm_called")) == ""
+    assert delta_line(token) == ""  # the answer's own text stays the answer's
+    assert delta_line(event(type="run.llm_called")) == ""
+    waiting = {"type": "delta", "kind": "model_waiting", "run": "run-abcdefghijklmnop",
+               "text": "waiting for the local model: building: qwen, ~9 min left"}  # fmt: skip
+    assert delta_line(waiting) == (
+        "· [run-abcdefgh] waiting for the local model: building: qwen, ~9 min left"
+    )

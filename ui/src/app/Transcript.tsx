@@ -32,6 +32,15 @@ const TurnItem = memo(function TurnItem({ turn }: { turn: Turn }) {
             {turn.fallback}
           </p>
         ) : null}
+        {turn.waiting && turn.status === "running" ? (
+          <p
+            className="mb-1 rounded border border-sky-400/60 bg-sky-950/60 px-2 py-1 text-sm text-sky-100"
+            data-testid="turn-waiting"
+            aria-live="polite"
+          >
+            {turn.waiting}
+          </p>
+        ) : null}
         {turn.answer || turn.streaming ? (
           <p className="whitespace-pre-wrap" aria-live="polite">
             {turn.answer || turn.streaming}

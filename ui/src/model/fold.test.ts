@@ -296,6 +296,34 @@ describe("trace tree", () => {
     ]);
   });
 
+  it("says a call waits for the local model until the call is sent or the turn ends", () => {
+    const log = new Log();
+    log.add({ type: "session.created" });
+    log.add({ type: "turn.requested", message: "hi" }, { turn: "t" });
+    log.add({ type: "turn.started", replica: "a" }, { turn: "t" });
+    log.add({ type: "run.started", kind: "chat", tree: "x" }, { turn: "t", run: "r" });
+    let view = fold(emptyView(), log.frames);
+    const line = "waiting for the local model: building: qwen, ~9 min left (building: 40s)";
+    view = foldDelta(view, { type: "delta", kind: "model_waiting", run: "r", text: line });
+    expect(view.turns[0]?.waiting).toBe(line);
+    expect(foldDelta(view, { type: "delta", kind: "model_waiting", run: "no", text: "x" })).toBe(
+      view,
+    );
+    const sent = JSON.stringify({ grant: "r-g1", role: "planner", model: "qwen" });
+    const after = foldDelta(view, {
+      type: "delta",
+      kind: "llm_call_started",
+      run: "r",
+      text: sent,
+    });
+    expect(after.turns[0]?.waiting).toBe(""); // up: the call went out
+    log.add(
+      { type: "turn.failed", error: "still starting", code: "llm_unavailable" },
+      { turn: "t" },
+    );
+    expect(fold(view, log.frames.slice(-1)).turns[0]?.waiting).toBe("");
+  });
+
   it("shows a call in flight from its announcement until its stored call ends it", () => {
     const log = new Log();
     log.add({ type: "session.created" });

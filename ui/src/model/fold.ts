@@ -82,6 +82,7 @@ function newTurn(id: string, seq: number, message = "", mode = ""): Turn {
     streamSealed: false,
     error: "",
     fallback: "",
+    waiting: "",
     seq,
     rootRun: null,
   };
@@ -125,6 +126,7 @@ function apply(d: Draft, frame: EventFrame): void {
       turn.answer = data.answer;
       turn.fallback = data.fallback ?? "";
       turn.streaming = "";
+      turn.waiting = "";
       return;
     }
     case "turn.failed": {
@@ -133,6 +135,7 @@ function apply(d: Draft, frame: EventFrame): void {
       turn.status = "failed";
       turn.error = data.code ? `${data.code}: ${data.error}` : data.error;
       turn.streaming = "";
+      turn.waiting = "";
       return;
     }
     case "turn.cancelled": {
@@ -142,6 +145,7 @@ function apply(d: Draft, frame: EventFrame): void {
       turn.answer = data.partial ?? "";
       turn.error = data.reason ? `cancelled: ${data.reason}` : "cancelled";
       turn.streaming = "";
+      turn.waiting = "";
       return;
     }
     case "turn.refused": {
@@ -420,6 +424,8 @@ export function fold(view: ViewModel, frames: readonly EventFrame[]): ViewModel 
 export const ANSWER_DELTAS = new Set(["assistant_token", "token"]);
 /** A granted model call about to be sent (`fleet_events.bus.CALL_STARTED_DELTA`). */
 export const CALL_STARTED = "llm_call_started";
+/** A model call waiting for the embedded model (`fleet_events.bus.MODEL_WAITING_DELTA`). */
+export const MODEL_WAITING = "model_waiting";
 
 function announced(text: string): InFlightCall | null {
   try {
@@ -439,10 +445,18 @@ export function foldDelta(view: ViewModel, delta: DeltaFrame): ViewModel {
     run.liveStdout += delta.text;
     return d.v;
   }
+  if (delta.kind === MODEL_WAITING) {
+    const turn = run?.status === "running" ? d.turn(run.turn ?? undefined) : undefined;
+    if (turn?.status !== "running") return view;
+    turn.waiting = delta.text;
+    return d.v;
+  }
   if (delta.kind === CALL_STARTED) {
     const call = announced(delta.text);
     // shown until its stored call arrives; one already stored (or a run ended) is not in flight
     if (!run || !call || run.status !== "running") return view;
+    const waited = d.turn(run.turn ?? undefined);
+    if (waited?.waiting) waited.waiting = ""; // the model is up: the call is sent
     if (run.inFlight.some((c) => c.grant === call.grant)) return view;
     if (Object.values(view.llmCalls).some((c) => c.grant === call.grant)) return view;
     run.inFlight = [...run.inFlight, call];

@@ -24,6 +24,9 @@ export interface Turn {
   error: string;
   /** Set when a lower module answered after the first failed: who answered, who failed, why. */
   fallback: string;
+  /** A model call waits for the embedded model to come up: what it does, how long it needs
+   * (a `model_waiting` delta; live only, ended by the next call sent or the turn's end). */
+  waiting: string;
   seq: number;
   rootRun: string | null;
 }

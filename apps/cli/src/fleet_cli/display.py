@@ -6,6 +6,7 @@ from fleet_cli.children import ChildView, State
 from fleet_cli.status import ReadyAnswer
 
 _STYLE = {State.RUNNING: "green", State.WAITING: "yellow", State.STOPPED: "dim"}
+_COMPONENT_STYLE = {"up": "green", "starting": "yellow", "degraded": "yellow"}
 
 
 def processes(views: list[ChildView]) -> Table:
@@ -34,9 +35,20 @@ def components(answer: ReadyAnswer) -> Table:
         table.add_row(
             str(item.get("name")),
             str(item.get("kind")),
-            f"[{'green' if state == 'up' else 'red'}]{state}[/]",
+            f"[{_COMPONENT_STYLE.get(state, 'red')}]{state}[/]",
             str(item.get("replica") or "-"),
             "-" if latency is None else f"{latency:.1f}",
             str(item.get("detail") or ""),
         )
     return table
+
+
+def starting(answer: ReadyAnswer) -> list[str]:
+    """A line for each component on its way up (the embedded model installing): what it does
+    and how long it still needs, and that the mesh serves meanwhile."""
+    return [
+        f"{item.get('name')}: {item.get('detail') or 'starting'}; the mesh serves meanwhile and "
+        "model calls wait for it"
+        for item in (answer.body or {}).get("components", [])
+        if item.get("state") == "starting"
+    ]

@@ -145,13 +145,14 @@ async def _up(options: "UpOptions", llm: "LlmOptions", ready_timeout: float) -> 
         console.print(display.processes(views))
 
     started = asyncio.Event()
+    model = hook(llm, lambda line: log.info("%s", line), stop)
     mesh = asyncio.create_task(
         up(
             options,
             stop,
             on_change=show,
             on_started=lambda _: _started(options, started),
-            before_services=hook(llm, lambda line: log.info("%s", line), stop),
+            before_services=model,
         )
     )
     announcer = asyncio.create_task(_announce(options, started, stop, ready_timeout))
@@ -159,6 +160,8 @@ async def _up(options: "UpOptions", llm: "LlmOptions", ready_timeout: float) -> 
         await mesh
     finally:
         announcer.cancel()  # a stop during the wait for /ready must not wait for it
+        if model.background is not None:  # an install still running beside the mesh
+            model.background.cancel()
     console.print("fleet stopped")
 
 
@@ -166,6 +169,8 @@ async def _announce(
     options: "UpOptions", started: "asyncio.Event", stop: "asyncio.Event", ready_timeout: float
 ) -> None:
     """Once the processes are up, wait for /ready and print the URL (or why it is not)."""
+    from rich.markup import escape
+
     from fleet_cli import display
     from fleet_cli.localmesh import admin_token
     from fleet_cli.mesh import gateway_dir
@@ -186,6 +191,8 @@ async def _announce(
         token = dev_token(gateway_dir(options.data_dir))
         # one line, never folded at the console's width: it is copied whole
         console.print(f"development token (tenant dev, admin, 30 days): {token}", soft_wrap=True)
+        for line in display.starting(answer):
+            console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
     else:
         console.print(
             f"[yellow]not ready after {ready_timeout:.0f}s[/]; still supervising. "

@@ -5,7 +5,7 @@ printed or raised, a tool call, a child run asked for and how it ended. Pure."""
 import json
 from typing import Any
 
-from fleet_events.bus import CALL_STARTED_DELTA
+from fleet_events.bus import CALL_STARTED_DELTA, MODEL_WAITING_DELTA
 
 WIDTH = 100
 
@@ -52,10 +52,16 @@ def describe(frame: dict[str, Any]) -> str:
     return f"· {kind}"
 
 
-def call_started(frame: dict[str, Any]) -> str:
-    """`· model call … in flight` for a `llm_call_started` delta (empty for any other frame):
-    the call's own line, never mixed into the answer's streamed text."""
-    if frame.get("type") != "delta" or frame.get("kind") != CALL_STARTED_DELTA:
+def delta_line(frame: dict[str, Any]) -> str:
+    """A line of its own for a delta a person follows apart from the answer's text: a model
+    call in flight (`llm_call_started`), a call waiting for the embedded model to come up
+    (`model_waiting`); empty for any other frame (the answer's tokens, a cell's output)."""
+    if frame.get("type") != "delta":
+        return ""
+    run = str(frame.get("run") or "")[:12]
+    if frame.get("kind") == MODEL_WAITING_DELTA:
+        return f"· [{run}] {_first_line(frame.get('text'), 200)}"
+    if frame.get("kind") != CALL_STARTED_DELTA:
         return ""
     try:
         call = json.loads(str(frame.get("text") or ""))
@@ -63,5 +69,4 @@ def call_started(frame: dict[str, Any]) -> str:
         call = {}
     if not isinstance(call, dict):
         call = {}
-    run = str(frame.get("run") or "")[:12]
     return f"· model call [{run}] {call.get('role', '?')} · {call.get('model', '?')} in flight"

@@ -241,6 +241,11 @@ CALL_STARTED_DELTA = "llm_call_started"
 `{"grant": …, "role": …, "model": …}` as JSON; the stored `run.llm_called` with that
 `grant_id` ends it (a watcher shows the call in flight meanwhile)."""
 
+MODEL_WAITING_DELTA = "model_waiting"
+"""A `LiveDelta` kind: a model call waits for the embedded model to come up; its text says what
+the model is doing and about how long it still needs (`waiting for the local model: building:
+…, ~12 min left`). The call's `llm_call_started`, or the run's end, ends the wait."""
+
 
 CHANNELS: tuple[Channel, ...] = (
     Channel(

@@ -290,6 +290,8 @@ class TestLmResult(msgspec.Struct, frozen=True, kw_only=True):
 # -- the embedded model's state (written by `fleet up`, read by the gateway and the agent) ------
 
 LocalState = Literal["installing", "building", "loading", "up", "failed", "stopped"]
+STARTING: frozenset[str] = frozenset({"installing", "building", "loading"})
+"""The states on the way up: the mesh serves meanwhile, and a call to the model waits."""
 LOCAL_MODEL_KEY = "global.llm.local"
 """Where `fleet up` keeps the embedded model's state in the config bucket (absent: this mesh
 runs no local model)."""
@@ -307,12 +309,24 @@ class LocalModelState(msgspec.Struct, frozen=True, kw_only=True):
     advice: str = ""
     first_token_ms: float | None = None
     tokens_per_s: float | None = None
+    eta_s: float | None = None
+    """While starting: the seconds left, estimated from the steps still to do (None: no
+    estimate)."""
+
+
+def minutes_left(eta_s: float) -> str:
+    """`~N min left`, rounded up; under a minute says so."""
+    if eta_s < 60:
+        return "under a minute left"
+    return f"~{-(-int(eta_s) // 60)} min left"
 
 
 def local_state_line(state: LocalModelState) -> str:
-    """One line for a person: what it is doing, where, and how fast."""
+    """One line for a person: what it is doing, where, how long it still needs, how fast."""
     where = f" at {state.api_base}" if state.api_base else ""
     line = f"{state.state}: {state.model}{where}"
+    if state.state in STARTING and state.eta_s is not None:
+        line += f", {minutes_left(state.eta_s)}"
     if state.first_token_ms is not None and state.tokens_per_s is not None:
         line += f"; first token {state.first_token_ms:.0f} ms, {state.tokens_per_s:.1f} tokens/s"
     return f"{line} ({state.detail})" if state.detail else line

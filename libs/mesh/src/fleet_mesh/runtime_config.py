@@ -19,11 +19,14 @@ from fleet_events import streams
 from fleet_events.config import SETTINGS, global_key, setting, tenant_key
 from fleet_events.llm import (
     DEFAULT_PROFILE,
+    LOCAL_MODEL_KEY,
     ROLES,
     InvalidProfile,
     LlmProfile,
+    LocalModelState,
     check_profile,
     check_profile_name,
+    decode_local_state,
     decode_profile,
     encode_profile,
     profile_key,
@@ -145,6 +148,14 @@ class LlmConfig:
                 f"profile {profile.name!r} changed since revision {expect}: read it again and "
                 "retry the change"
             ) from None
+
+    async def local_model(self) -> LocalModelState | None:
+        """The embedded model's state as `fleet up` last wrote it (None: this mesh runs none)."""
+        try:
+            entry = await self._kv.get(LOCAL_MODEL_KEY)
+        except KeyNotFoundError:
+            return None
+        return decode_local_state(entry.value or b"")
 
     async def get_profile(self, name: str, *, tenant: str | None = None) -> StoredProfile | None:
         """The profile `name` in exactly this scope."""

@@ -63,9 +63,16 @@ from fleet_events.budget import (
     GrantReply,
     RecordUsage,
 )
-from fleet_events.bus import CALL_STARTED_DELTA
+from fleet_events.bus import CALL_STARTED_DELTA, MODEL_WAITING_DELTA
 from fleet_events.envelope import new_id
-from fleet_events.llm import InvalidProfile, LlmProfile, cost
+from fleet_events.llm import (
+    STARTING,
+    InvalidProfile,
+    LlmProfile,
+    LocalModelState,
+    cost,
+    local_state_line,
+)
 from fleet_events.run import ChatMessage, LlmCalled, request_digest
 from fleet_mesh import egress, rpc
 from fleet_mesh.runtime_config import ProfileNotFound, StoredProfile
@@ -79,6 +86,11 @@ ANSWER_DELTA = "assistant_token"
 STREAMED_FIELD = "answer"
 
 log = logging.getLogger("fleet.agent.lm")
+
+LOCAL_WAIT_S = 1800.0
+"""How long a call without a run deadline waits for the embedded model to come up."""
+LOCAL_POLL_S = 2.0
+"""How often a waiting call reads the embedded model's state."""
 
 NO_KEY = "unused"
 """Sent as the key when a profile names no secret (a local server that checks none)."""
@@ -225,6 +237,9 @@ class BudgetedEngine:
         stored, api_key, first = self.runner.run(
             self._resolve_and_grant(), timeout=30 + self.deadline_s + 5
         )
+        if first is None:  # the embedded model is on its way up: wait for it, then the grant
+            self._wait_for_local(stored)
+            first = self._granted()
         request = _with_profile_limits(request, stored.profile)
         attempts = max(1, RATE_LIMIT_RETRIES + 1 - retries_made)
         for attempt in stamina.retry_context(on=retry_hook, attempts=attempts, timeout=None):
@@ -237,13 +252,57 @@ class BudgetedEngine:
                 )  # fmt: skip
         raise AssertionError("unreachable: stamina re-raises the last attempt's error")
 
-    async def _resolve_and_grant(self) -> tuple[StoredProfile, str, tuple[str, GrantReply]]:
+    async def _resolve_and_grant(
+        self,
+    ) -> tuple[StoredProfile, str, tuple[str, GrantReply] | None]:
         """The profile and key, then the first attempt's grant, in one trip to the runner's
         loop: each trip from dspy's thread is a hop there and back, a millisecond or more on
-        a loaded machine. A role with no usable profile still asks for no grant."""
+        a loaded machine. A role with no usable profile still asks for no grant; one whose
+        server is the embedded model still starting asks for none yet (None)."""
         stored, api_key = await self._resolve()
+        if await self._local_starting(stored) is not None:
+            return stored, api_key, None
         grant_id = self.grant_id()
         return stored, api_key, (grant_id, await self._grant(grant_id))
+
+    async def _local_starting(self, stored: StoredProfile) -> LocalModelState | None:
+        """The embedded model's state when the profile names its server and it is not up yet
+        (installing, building, loading: `fleet up`'s first start on a machine)."""
+        if stored.profile.api_base is None:
+            return None
+        local = await self.services.llm.local_model()
+        if local is None or local.api_base != stored.profile.api_base:
+            return None
+        if local.state in ("failed", "stopped"):  # it will not come up: say why, ask nothing
+            detail = f"the local model is not up ({local_state_line(local)})"
+            detail += f"; {local.advice}" if local.advice else ""
+            site = call_site(stored.profile, self.scope.role)
+            raise LmCallFailed("", LlmFailure(code="llm_unavailable", site=site, detail=detail))
+        return local if local.state in STARTING else None
+
+    def _wait_for_local(self, stored: StoredProfile) -> None:
+        """Wait, within the run's deadline, until the embedded model is up; say so to the
+        session's watchers (`model_waiting` deltas: what it is doing, how long it still
+        needs). Past the deadline the call fails saying what the model is still doing."""
+        deadline = self.run_deadline or time.time() + LOCAL_WAIT_S
+        said = ""
+        while True:
+            local = self.runner.run(self._local_starting(stored), timeout=15)
+            if local is None:
+                return
+            line = local_state_line(local)
+            if line != said:
+                said = line
+                self._tell(MODEL_WAITING_DELTA, f"waiting for the local model: {line}")
+            left = deadline - time.time()
+            if left <= 0:
+                site = call_site(stored.profile, self.scope.role)
+                detail = (
+                    f"the local model is still starting ({line}) at this turn's deadline; send "
+                    "it again once `fleet status` shows the llm up"
+                )
+                raise LmCallFailed("", LlmFailure(code="llm_unavailable", site=site, detail=detail))
+            time.sleep(min(LOCAL_POLL_S, left))
 
     def _granted(self) -> tuple[str, GrantReply]:
         """A retry's own grant, after the failed attempt's usage report is in."""
@@ -367,14 +426,18 @@ class BudgetedEngine:
         return response
 
     def _announce(self, grant_id: str, model: str) -> None:
-        """Tell watchers the call is in flight; a watcher missing it costs the call nothing."""
+        """Tell watchers the call is in flight."""
+        text = msgspec.json.encode({"grant": grant_id, "role": self.scope.role, "model": model})
+        self._tell(CALL_STARTED_DELTA, text.decode())
+
+    def _tell(self, kind: str, text: str) -> None:
+        """A delta for the session's watchers; a watcher missing it costs the call nothing."""
         if self.announce is None:
             return
-        text = msgspec.json.encode({"grant": grant_id, "role": self.scope.role, "model": model})
         try:
-            self.announce(CALL_STARTED_DELTA, text.decode())
+            self.announce(kind, text)
         except Exception as exc:  # the bus is down: the call itself says so when it fails
-            log.warning("could not announce a model call", extra={"error": str(exc)})
+            log.warning("could not tell the session's watchers", extra={"error": str(exc)})
 
     def _streamed(
         self, engine: LiteLLMEngine, request: Request, on_delta: OnDelta | None,

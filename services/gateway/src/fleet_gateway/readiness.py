@@ -6,7 +6,9 @@ building, loading, up with its speed, failed) and, when up, whether its server a
 All probes run concurrently, each under its own short deadline, so a dead service costs one
 timeout and cannot hold the answer hostage. A provider whose circuit is open is `degraded`:
 named in `degraded` and in its component, while `ready` stays what the mesh is (sandbox calls
-to it fail fast with `unavailable`; tenants on other providers are served).
+to it fail fast with `unavailable`; tenants on other providers are served). The embedded model
+installing (the first `fleet up` on a machine) is `starting`, with how long it still needs:
+named in `starting`, while `ready` stays true (the mesh serves; model calls wait for it).
 """
 
 import asyncio
@@ -25,11 +27,13 @@ from pydantic import BaseModel
 
 from fleet_events import bus, streams
 from fleet_events.bus import Ping
-from fleet_events.llm import LOCAL_MODEL_KEY, decode_local_state, local_state_line
+from fleet_events.llm import LOCAL_MODEL_KEY, STARTING, decode_local_state, local_state_line
 from fleet_mesh import rpc
 from fleet_mesh.connection import server_address
 
-State = Literal["up", "down", "degraded"]
+State = Literal["up", "down", "degraded", "starting"]
+"""`starting`: on its way up and not needed yet (the embedded model installing: the mesh serves,
+model calls wait for it); it does not make the mesh unready."""
 Kind = Literal["nats", "stream", "kv", "object_store", "service", "provider", "llm"]
 BROKER = "sandbox-broker"
 REMOTE_PROVIDERS = ("daytona",)  # providers whose health the broker's ping carries
@@ -49,6 +53,8 @@ class Readiness(BaseModel):
     components: list[Component]
     degraded: list[str] = []
     """Components that answer but fail fast (a provider's open circuit)."""
+    starting: list[str] = []
+    """Components on their way up (the embedded model installing, with how long it needs)."""
 
 
 def _stores() -> list[tuple[str, Kind, str]]:
@@ -130,6 +136,8 @@ async def _local_model(nc: Client, timeout: float) -> Component | None:
     if state is None:
         return Component(name="llm", kind="llm", state="down", detail="its state is unreadable")
     line = local_state_line(state)
+    if state.state in STARTING:
+        return Component(name="llm", kind="llm", state="starting", detail=line)
     if state.state != "up":
         detail = f"{line}; {state.advice}" if state.advice else line
         return Component(name="llm", kind="llm", state="down", detail=detail)
@@ -198,4 +206,5 @@ async def check(nc: Client | None, services: tuple[str, ...], timeout: float) ->
         ready=all(c.state != "down" for c in components),
         components=components,
         degraded=[c.name for c in components if c.state == "degraded"],
+        starting=[c.name for c in components if c.state == "starting"],
     )

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from fleet_cli.client import MODES, TurnResult
 from fleet_cli.commands.common import DEFAULT_DATA_DIR, DataDir, call, err, fail, gateway
-from fleet_cli.progress import call_started, describe
+from fleet_cli.progress import delta_line, describe
 from fleet_events import new_id
 from fleet_events.ids import InvalidId, check_id
 
@@ -37,7 +37,7 @@ class _Cursor:
 
 def _show(frame: dict[str, Any]) -> None:
     kind = frame.get("type")
-    if line := call_started(frame):
+    if line := delta_line(frame):
         _Cursor.end_line()
         err.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
         return

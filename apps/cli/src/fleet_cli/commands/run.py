@@ -20,7 +20,7 @@ from fleet_cli.commands.common import (
     gateway,
 )
 from fleet_cli.context import Context, ContextError, gather
-from fleet_cli.progress import call_started, describe
+from fleet_cli.progress import delta_line, describe
 from fleet_events.git import ref_refusal, repo_url_refusal
 from fleet_events.ids import InvalidId, check_id
 
@@ -31,7 +31,7 @@ def _progress(frame: dict[str, Any]) -> None:
         err.print(f"[dim]· accepted: session {frame.get('session_id')}[/]")
     elif kind == "event":
         err.print(f"[dim]{escape(describe(frame))}[/]", soft_wrap=True)
-    elif line := call_started(frame):
+    elif line := delta_line(frame):
         err.print(f"[dim]{escape(line)}[/]", soft_wrap=True)
     elif kind == "delta":
         err.print(str(frame.get("text", "")), end="", markup=False)

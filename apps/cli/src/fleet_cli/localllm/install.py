@@ -119,6 +119,43 @@ def _pip(python: str, argv: list[str], log: Path) -> None:
         raise InstallFailed(f"pip {' '.join(argv[:2])} failed (exit {done.returncode}); see {log}")
 
 
+STEP_SECONDS = {"weights": 90.0, "build": 840.0, "server": 40.0, "load": 20.0}
+"""Each step's time on a fresh 2-core machine with other work on it (the build measured at
+837 s there; about 270 s on a quiet one): the estimate behind "~N min left"."""
+
+
+def steps_to_do(
+    cache: Cache, *, python: str = sys.executable, model: weights.ModelFile = weights.QWEN_CODER_05B
+) -> list[str]:
+    """What `ensure_installed` still has to do on this machine (`weights`, `build`, `server`),
+    found cheaply: the model's stamp, the cached wheel's sha256, one import check. Empty: the
+    install is done and `fleet up` can start the server at once."""
+    todo: list[str] = []
+    try:
+        if not weights.verified(cache.models / model.name, model):
+            todo.append("weights")
+    except LocalLlmError:  # not the model: ensure_model says so, loudly, when it runs
+        todo.append("weights")
+    if server_version(python) != lockfile.SERVER_VERSION:
+        sdist = lockfile.server_sdist(lockfile.load())
+        try:
+            cached = build.cached_wheel(cache.wheels, lockfile.sha256s(sdist)[0])
+        except LocalLlmError:
+            cached = None
+        if cached is None:
+            todo.append("build")
+        todo.append("server")
+    return todo
+
+
+def estimate_s(todo: list[str], cores: int) -> float:
+    """Seconds to install `todo` and load the model; the build scales with the cores."""
+    build_scale = 2 / max(1, cores)
+    return sum(
+        STEP_SECONDS[step] * (build_scale if step == "build" else 1.0) for step in [*todo, "load"]
+    )
+
+
 def ensure_installed(
     cache: Cache,
     progress: Progress,

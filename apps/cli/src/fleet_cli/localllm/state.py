@@ -1,7 +1,8 @@
 """The embedded model's state, where the rest of the mesh and `fleet doctor` can read it.
 
-`fleet up` installs, builds and loads the model before the services start, so nothing but its
-own output could say what it is doing or why it stopped. Each step is written twice: into the
+`fleet up` installs, builds and loads the model (before the services start when it is
+installed already, beside them the first time), and says what it is doing, about how long it
+still needs and why it stopped here. Each step is written twice: into the
 config bucket (`fleet_events.llm.LOCAL_MODEL_KEY`: the gateway's `/ready` and the agent's
 model probe read it, over NATS like everything else) and into `<data-dir>/llm/state.json`,
 which `fleet doctor` reads when there is no gateway to ask (a failed build stops `fleet up`).
@@ -52,11 +53,13 @@ class StateReporter:
         advice: str = "",
         api_base: str | None = None,
         speed: tuple[float, float] | None = None,
+        eta_s: float | None = None,
     ) -> LocalModelState:
         value = LocalModelState(
             state=state, model=server.MODEL_ALIAS, updated_at=utc_now(), api_base=api_base,
             detail=detail[:500], advice=advice,
             first_token_ms=speed[0] if speed else None, tokens_per_s=speed[1] if speed else None,
+            eta_s=round(eta_s) if eta_s is not None else None,
         )  # fmt: skip
         data = msgspec.json.encode(value)
         with self._lock:

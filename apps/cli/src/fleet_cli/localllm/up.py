@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +21,12 @@ from nats.js import JetStreamContext
 
 from fleet_cli.localllm import profile, server, state
 from fleet_cli.localllm.errors import LocalLlmError
-from fleet_cli.localllm.install import ensure_installed
+from fleet_cli.localllm.install import ensure_installed, estimate_s, steps_to_do
 from fleet_cli.localllm.paths import Cache
 from fleet_cli.localllm.state import StateReporter, measure_speed
-from fleet_cli.mesh import BeforeServices
 from fleet_cli.supervisor import Supervisor
 from fleet_events import streams
-from fleet_events.llm import check_profile_name
+from fleet_events.llm import LocalState, check_profile_name, minutes_left
 from fleet_mesh.connection import connect
 from fleet_mesh.runtime_config import LlmConfig
 from fleet_mesh.secrets import (
@@ -78,8 +78,24 @@ def secrets_env(data_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
     return {PRIVATE_KEY_ENV: str(files.private), PUBLIC_KEY_ENV: str(files.public)}
 
 
-def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -> BeforeServices:
-    async def before_services(nats_url: str, supervisor: Supervisor) -> dict[str, str]:
+class LocalModelHook:
+    """`fleet up`'s before-services hook for the model (`hook`). A machine that has the model
+    installed starts its server before the services, as a warm restart should (seconds). A
+    machine that has not yet (minutes: the weights, the server's build) gets the mesh and the
+    UI at once: the default profile already names the server's address, the install runs in
+    `background`, its state says what it is doing and about how long it still needs, and a
+    model call meanwhile waits for it (`fleet_agent.lm`)."""
+
+    def __init__(
+        self, options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event
+    ) -> None:
+        self.options = options
+        self.say = say
+        self.stop = stop
+        self.background: asyncio.Task[None] | None = None
+
+    async def __call__(self, nats_url: str, supervisor: Supervisor) -> dict[str, str]:
+        options, say, stop = self.options, self.say, self.stop
         if options.mode == NONE:
             await _forget_local(nats_url, options.data_dir / "llm")
             say("LLM: none (--llm none): no model server started")
@@ -97,6 +113,33 @@ def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -
                 await state.clear(kv, options.data_dir / "llm")
                 say(f"LLM: {elsewhere}")
                 return extra
+            if _port_taken(options.port):
+                raise LlmUnavailable(
+                    f"the local LLM port {options.port} on 127.0.0.1 is in use; pass --llm-port "
+                    "with a free port (0 picks one)"
+                )
+            todo = await asyncio.to_thread(steps_to_do, options.cache)
+            key = server.ensure_key(options.data_dir / "llm")
+            if todo:
+                api_base = f"http://127.0.0.1:{options.port}/v1"
+                for change in await profile.point_default_at(js, api_base, key, public):
+                    log.info("seeded %s", change)
+                eta = Eta(estimate_s(todo, os.cpu_count() or 1))
+                reporter = StateReporter(options.data_dir / "llm", kv, asyncio.get_running_loop())
+                reporter.report(
+                    "installing", f"installing in the background: {', '.join(todo)}",
+                    api_base=api_base, eta_s=eta.left(),
+                )  # fmt: skip
+                await reporter.flushed()
+                say(
+                    f"LLM: the local model installs in the background ({', '.join(todo)}; "
+                    f"{minutes_left(eta.left())}); the mesh serves meanwhile and model calls "
+                    "wait for it"
+                )
+                self.background = asyncio.create_task(
+                    self._in_background(nats_url, supervisor, eta)
+                )
+                return extra
             reporter = StateReporter(options.data_dir / "llm", kv, asyncio.get_running_loop())
             try:
                 config = await start_local(options, supervisor, say, stop, reporter)
@@ -109,7 +152,6 @@ def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -
                 await reporter.flushed()
                 say("LLM: stopped before the local model was up")  # Ctrl-C: a clean stop
                 return extra
-            key = server.ensure_key(options.data_dir / "llm")
             for change in await profile.point_default_at(js, config.api_base, key, public):
                 log.info("seeded %s", change)
             await reporter.flushed()
@@ -117,7 +159,42 @@ def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -
             await nc.close()
         return extra
 
-    return before_services
+    async def _in_background(self, nats_url: str, supervisor: Supervisor, eta: "Eta") -> None:
+        """The install, the server and its first answer, while the services run; a failure is
+        reported (`/ready`, `fleet doctor`, every model call) and leaves the mesh up."""
+        options, say, stop = self.options, self.say, self.stop
+        nc = await connect(nats_url, name="fleet-up-llm-install")
+        try:
+            kv = await nc.jetstream().key_value(streams.CONFIG.bucket)
+            reporter = StateReporter(options.data_dir / "llm", kv, asyncio.get_running_loop())
+            try:
+                await start_local(options, supervisor, say, stop, reporter, eta=eta)
+            except LocalLlmError as exc:
+                if stop.is_set():
+                    reporter.report("stopped", "fleet up was stopped before the model was up")
+                    say("LLM: stopped before the local model was up")
+                else:
+                    reporter.report("failed", str(exc), advice=FAILED_ADVICE)
+                    say(f"LLM: the local model failed to start: {exc}; {FAILED_ADVICE}")
+            await reporter.flushed()
+        finally:
+            await nc.close()
+
+
+def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -> LocalModelHook:
+    return LocalModelHook(options, say, stop)
+
+
+class Eta:
+    """Seconds left of an estimate made at the start (never below 30: an estimate overrun
+    still says the model is coming, not that it is late)."""
+
+    def __init__(self, total_s: float) -> None:
+        self.total_s = total_s
+        self.started = time.monotonic()
+
+    def left(self) -> float:
+        return max(30.0, self.total_s - (time.monotonic() - self.started))
 
 
 async def _forget_local(nats_url: str, directory: Path) -> None:
@@ -155,17 +232,17 @@ async def start_local(
     say: Callable[[str], None],
     stop: asyncio.Event,
     reporter: StateReporter | None = None,
+    *,
+    eta: "Eta | None" = None,
 ) -> server.ServerConfig:
-    if _port_taken(options.port):
-        raise LlmUnavailable(
-            f"the local LLM port {options.port} on 127.0.0.1 is in use; pass --llm-port with a "
-            "free port (0 picks one)"
-        )
+    api_base = f"http://127.0.0.1:{options.port}/v1"
+    left = (lambda: eta.left()) if eta is not None else (lambda: None)
 
     def progress(line: str) -> None:
         say(line)
         if reporter is not None:
-            reporter.report("building" if line.startswith("building") else "installing", line)
+            step: LocalState = "building" if line.startswith("building") else "installing"
+            reporter.report(step, line, api_base=api_base, eta_s=left())
 
     progress("LLM: local (Qwen2.5-Coder-0.5B-Instruct on loopback); checking the install")
     cancel = threading.Event()  # the install runs in a thread: a stop must reach its build
@@ -176,13 +253,17 @@ async def start_local(
         )
     finally:
         relay.cancel()
+    if stop.is_set():  # stopped while it installed: the supervisor is stopping, start nothing
+        raise LlmUnavailable("fleet up was stopped before the model was up")
     key = server.ensure_key(options.data_dir / "llm")
     config = server.ServerConfig(model=installed.model, port=options.port, python=installed.python)
     (child,) = supervisor.launch(
         server.child_spec(config, key, options.data_dir / "logs" / "llm.log")
     )
     if reporter is not None:
-        reporter.report("loading", "the server is loading the model", api_base=config.api_base)
+        reporter.report(
+            "loading", "the server is loading the model", api_base=config.api_base, eta_s=left()
+        )
     await wait_answering(config, key, lambda: child.alive() and not stop.is_set(), LOAD_TIMEOUT_S)
     speed = await _speed(config, key)
     if reporter is not None:

@@ -18,6 +18,7 @@ import msgspec
 import pytest
 
 from fleet_agent.lm import CallScope, LmCallFailed, budgeted_lm
+from fleet_agent.run.failures import RunCancelledError
 from fleet_events import new_id, streams
 from fleet_events.bus import CALL_STARTED_DELTA, MODEL_WAITING_DELTA
 from fleet_events.llm import LOCAL_MODEL_KEY, LocalModelState, LocalState
@@ -70,11 +71,21 @@ def local(tenant: Tenant, fake: ScriptedLM) -> Iterator[Local]:
     state.clear()
 
 
-def lm(tenant: Tenant, told: list[tuple[str, str]], deadline: float | None = None) -> Any:
+def lm(
+    tenant: Tenant,
+    told: list[tuple[str, str]],
+    deadline: float | None = None,
+    cancel: threading.Event | None = None,
+) -> Any:
     tree = tenant.open_tree(max_llm_calls=2)
     scope = CallScope(tenant=tenant.id, tree=tree, run=new_id(), role="delegate", kind="sub")
+
+    def checkpoint() -> None:
+        if cancel is not None and cancel.is_set():
+            raise RunCancelledError("the turn was cancelled")
+
     made = budgeted_lm(
-        tenant.line, tenant.services, scope,
+        tenant.line, tenant.services, scope, checkpoint=checkpoint,
         announce=lambda kind, text: told.append((kind, text)), run_deadline=deadline,
     )  # fmt: skip
     made.tree = tree
@@ -91,7 +102,7 @@ def test_a_call_waits_for_the_embedded_model_to_come_up_and_says_how_long(
     call = threading.Thread(target=lambda: answers.append(model("a question")))
     call.start()
     eventually_sync(lambda: told, timeout=10, what="the call to say it waits")
-    ((kind, text),) = told
+    kind, text = told[0]
     assert kind == MODEL_WAITING_DELTA
     assert "waiting for the local model: building" in text
     assert "~10 min left" in text
@@ -100,7 +111,9 @@ def test_a_call_waits_for_the_embedded_model_to_come_up_and_says_how_long(
     local.set("up", "answering")
     call.join(timeout=30)
     assert answers == [["the model's answer"]]
-    assert [k for k, _ in told] == [MODEL_WAITING_DELTA, CALL_STARTED_DELTA]
+    kinds = [k for k, _ in told]  # said while it waited (again every 10 s), then sent
+    assert kinds[-1] == CALL_STARTED_DELTA
+    assert set(kinds[:-1]) == {MODEL_WAITING_DELTA}
     assert len(fake.requests) == 1
     assert tenant.status(model.tree).granted == 1
 
@@ -142,3 +155,30 @@ def test_a_profile_on_another_server_never_waits_for_the_embedded_model(
     assert lm(tenant, told)("a question") == ["the model's answer"]
     assert [k for k, _ in told] == [CALL_STARTED_DELTA]
     assert json.loads(told[0][1])["role"] == "delegate"
+
+
+def test_a_cancelled_turn_stops_waiting_for_the_embedded_model(
+    tenant: Tenant, fake: ScriptedLM, local: Local
+) -> None:
+    local.set("loading", "the server is loading the model", eta_s=20)
+    told: list[tuple[str, str]] = []
+    cancel = threading.Event()
+    model = lm(tenant, told, cancel=cancel)
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            model("a question")
+        except BaseException as exc:  # what the waiting call ended with
+            raised.append(exc)
+
+    waiting = threading.Thread(target=call)
+    waiting.start()
+    eventually_sync(lambda: told, timeout=10, what="the call to say it waits")
+    cancel.set()
+    waiting.join(timeout=15)
+    assert not waiting.is_alive()
+    (stopped,) = raised  # the run's own cancel, through dspy unwrapped: the run ends cancelled
+    assert isinstance(stopped, RunCancelledError)
+    assert fake.requests == []
+    assert tenant.status(model.tree).granted == 0

@@ -20,7 +20,7 @@ from nats.js.errors import KeyNotFoundError
 
 from fleet_cli.localllm import server, up
 from fleet_cli.localllm.build import BuildFailed, Cancelled
-from fleet_cli.localllm.install import Installed
+from fleet_cli.localllm.install import Installed, ended_step
 from fleet_cli.localllm.paths import Cache
 from fleet_cli.localllm.profile import LOCAL_KEY_REF, LOCAL_MODEL
 from fleet_cli.localllm.state import read_file
@@ -400,7 +400,7 @@ async def test_a_first_install_runs_beside_the_services_saying_how_long_it_still
     now = await eventually(building, timeout=10, what="the build's state")
     assert now.api_base == api_base
     assert now.eta_s is not None
-    assert 900 < now.eta_s <= 990
+    assert 900 < now.eta_s <= 990  # 90 + 840 + 40 + 20 s: the first step under way
     assert now.detail == "building the server: 30s so far"
     assert "~17 min left" in local_state_line(now)
 
@@ -415,3 +415,31 @@ async def test_a_first_install_runs_beside_the_services_saying_how_long_it_still
     assert (up_now.state, up_now.api_base) == ("up", api_base)
     assert read_file(chosen.data_dir / "llm") == up_now
     await nc.close()
+
+
+def test_the_estimate_counts_down_the_step_under_way_and_gives_back_a_step_done_early(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    eta = up.Eta({"weights": 90.0, "build": 840.0, "server": 40.0, "load": 20.0})
+    assert eta.left() == 990.0
+    clock[0] += 10  # the weights came in 10 s, not 90
+    assert eta.left() == 980.0
+    eta.done("weights")
+    assert eta.left() == 900.0  # their 80 s are given back
+    clock[0] += 2000  # the build overran its estimate
+    assert eta.left() == 30.0 + 40 + 20  # still coming: never "late", never below 30 s a step
+    eta.done("build")
+    eta.done("build")  # a step ends once
+    eta.done("server")
+    assert eta.left() == 30.0  # the load's 20 s, shown as the 30 s floor
+    eta.done("load")
+    assert eta.left() == 30.0
+
+
+def test_the_install_lines_that_end_a_step_early_are_the_ones_it_prints() -> None:
+    assert ended_step("model ready: /c/models/q.gguf (sha256 matches, 3s)") == "weights"
+    assert ended_step("built llama_cpp_python-0.3.36-cp311-linux_x86_64.whl in 812s") == "build"
+    assert ended_step("using the cached server build llama_cpp_python-0.3.36.whl") == "build"
+    assert ended_step("building the server: 240s so far (log: /c/logs/build.log)") is None

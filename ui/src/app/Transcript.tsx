@@ -45,7 +45,7 @@ const TurnItem = memo(function TurnItem({ turn }: { turn: Turn }) {
           <p className="whitespace-pre-wrap" aria-live="polite">
             {turn.answer || turn.streaming}
           </p>
-        ) : turn.status === "running" || turn.status === "requested" ? (
+        ) : (turn.status === "running" || turn.status === "requested") && !turn.waiting ? (
           <p className="text-slate-300">…</p>
         ) : null}
         {turn.error ? (

@@ -50,8 +50,16 @@ from dspy.lm15 import Request, Response, materialize_response
 from fleet_agent.answer_stream import FieldStream
 from fleet_agent.llm_failures import RATE_LIMIT_RETRIES, LlmFailure, classify, retry_wait
 from fleet_agent.llm_wire import for_server, output_fields
-from fleet_agent.lm_errors import BudgetSpent, LmCallFailed, LmNotConfigured, call_site, retry_hook
+from fleet_agent.lm_errors import (
+    BudgetSpent,
+    LmCallFailed,
+    LmNotConfigured,
+    LmWaitCancelled,
+    call_site,
+    retry_hook,
+)
 from fleet_agent.lm_usage import CallScope, LmServices, PendingUsage, RequestKind, Runner, Submit
+from fleet_agent.run.failures import RunCancelledError
 from fleet_agent.run.seams import in_own_thread
 from fleet_events import bus
 from fleet_events.addresses import AddressRefused
@@ -91,6 +99,9 @@ LOCAL_WAIT_S = 1800.0
 """How long a call without a run deadline waits for the embedded model to come up."""
 LOCAL_POLL_S = 2.0
 """How often a waiting call reads the embedded model's state."""
+LOCAL_RETELL_S = 10.0
+"""How often a waiting call says so again when nothing changed (deltas are not stored: a
+watcher that came later learns it within this)."""
 
 NO_KEY = "unused"
 """Sent as the key when a profile names no secret (a local server that checks none)."""
@@ -152,6 +163,7 @@ class BudgetedEngine:
         on_call: Callable[[LlmCalled], object] | None = None,
         on_delta: OnDelta | None = None,
         announce: OnDelta | None = None,
+        checkpoint: Callable[[], None] | None = None,
         grant_id: Callable[[], str] = new_id,
         deadline_s: float = CLIENT_DEADLINE_S,
         run_deadline: float | None = None,
@@ -166,6 +178,9 @@ class BudgetedEngine:
         self.on_call = on_call
         self.on_delta = on_delta
         self.announce = announce
+        self.checkpoint = checkpoint
+        """Called while a call waits for the embedded model: raises to stop waiting (the run's
+        cancel)."""
         self.grant_id = grant_id
         self.deadline_s = deadline_s
         self.run_deadline = run_deadline
@@ -285,14 +300,20 @@ class BudgetedEngine:
         session's watchers (`model_waiting` deltas: what it is doing, how long it still
         needs). Past the deadline the call fails saying what the model is still doing."""
         deadline = self.run_deadline or time.time() + LOCAL_WAIT_S
-        said = ""
+        said, told_at = "", 0.0
         while True:
+            if self.checkpoint is not None:
+                try:
+                    self.checkpoint()  # a cancelled turn stops waiting
+                except RunCancelledError as exc:
+                    raise LmWaitCancelled(str(exc)) from None
             local = self.runner.run(self._local_starting(stored), timeout=15)
             if local is None:
                 return
             line = local_state_line(local)
-            if line != said:
-                said = line
+            # said again now and then, changed or not: a page opened later learns it too
+            if line != said or time.monotonic() - told_at >= LOCAL_RETELL_S:
+                said, told_at = line, time.monotonic()
                 self._tell(MODEL_WAITING_DELTA, f"waiting for the local model: {line}")
             left = deadline - time.time()
             if left <= 0:
@@ -570,6 +591,7 @@ def budgeted_lm(
     on_call: Callable[[LlmCalled], object] | None = None,
     on_delta: OnDelta | None = None,
     announce: OnDelta | None = None,
+    checkpoint: Callable[[], None] | None = None,
     grant_id: Callable[[], str] = new_id,
     run_deadline: float | None = None,
     usage: PendingUsage | None = None,
@@ -584,7 +606,7 @@ def budgeted_lm(
     """
     engine = BudgetedEngine(
         runner, services, scope, on_call=on_call, on_delta=on_delta, announce=announce,
-        grant_id=grant_id, run_deadline=run_deadline, usage=usage,
+        checkpoint=checkpoint, grant_id=grant_id, run_deadline=run_deadline, usage=usage,
     )  # fmt: skip
     return dspy.LM(
         f"openai/fleet-{scope.role}",

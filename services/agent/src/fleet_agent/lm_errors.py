@@ -13,6 +13,7 @@ from fleet_agent.llm_failures import CallSite, LlmFailure
 from fleet_agent.run.failures import (
     BUDGET_SPENT,
     NOT_CONFIGURED,
+    RunCancelledError,
     RunFailure,
     not_configured_message,
 )
@@ -67,6 +68,11 @@ class LmCallFailed(RunFailure, LMError):  # type: ignore[misc]
 
     def stated(self) -> Failed | None:
         return None if self.failure is None else super().stated()
+
+
+class LmWaitCancelled(RunCancelledError, LMError):  # type: ignore[misc]
+    """The run was cancelled while its model call waited (for the embedded model): a cancel,
+    passed through dspy as one of its own errors (anything else it would wrap)."""
 
 
 class LmNotConfigured(RunFailure, LMConfigurationError):  # type: ignore[misc]

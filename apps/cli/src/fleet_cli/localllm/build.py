@@ -1,6 +1,7 @@
 """llama-cpp-python's wheel, built once per machine from its hashed sdist and cached.
 
-It publishes no wheel, and a build takes minutes (about 270 s on 2 cores), so a start, a fresh
+It publishes no wheel, and a build takes minutes (270 s on a quiet 2-core machine, 837 s on a
+busy one), so a start, a fresh
 test venv or a second checkout must never build again: the wheel is cached under a key of
 everything that changes its bytes (the sdist's hash, the CMake flags, the machine), with its own
 sha256 beside it, checked before every install. `-DGGML_NATIVE=OFF` makes it portable across
@@ -198,12 +199,15 @@ def build(
             sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
             "--require-hashes", "--progress-bar", "off", "-r", str(listing), "-d", str(work),
         ]  # fmt: skip
-        if _run_with_progress(fetch, env, log, progress, "downloading the server's source", cancel):
+        # pip prepares an sdist's metadata after downloading it, which installs its build
+        # tools (scikit-build-core, cmake's wheel) first: most of this step's time
+        what = "downloading the server's source and installing its build tools"
+        if _run_with_progress(fetch, env, log, progress, what, cancel):
             raise BuildFailed(f"downloading the {lockfile.SERVER_PACKAGE} sdist failed; see {log}")
         (source,) = work.glob("*.tar.gz")
         progress(
             f"building {lockfile.SERVER_PACKAGE} {lockfile.SERVER_VERSION} once for this machine "
-            f"(about 270s on 2 cores; cached in {wheels})"
+            f"(4 to 14 minutes on 2 cores, by the machine's load; cached in {wheels})"
         )
         started = time.monotonic()
         build_env = {

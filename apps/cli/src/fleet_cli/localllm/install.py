@@ -148,12 +148,29 @@ def steps_to_do(
     return todo
 
 
-def estimate_s(todo: list[str], cores: int) -> float:
-    """Seconds to install `todo` and load the model; the build scales with the cores."""
+STEP_ENDS = {
+    "weights": ("model ready",),
+    "build": ("built ", "using the cached server build"),
+}
+"""The progress lines that end a step early (the rest end when the install returns, or when
+the server answers)."""
+
+
+def estimates(todo: list[str], cores: int) -> dict[str, float]:
+    """Seconds for each step of `todo`, then the model's load; the build scales with cores."""
     build_scale = 2 / max(1, cores)
-    return sum(
-        STEP_SECONDS[step] * (build_scale if step == "build" else 1.0) for step in [*todo, "load"]
-    )
+    return {
+        step: STEP_SECONDS[step] * (build_scale if step == "build" else 1.0)
+        for step in [*todo, "load"]
+    }
+
+
+def ended_step(line: str) -> str | None:
+    """The step a progress line says is done, if any."""
+    for step, prefixes in STEP_ENDS.items():
+        if line.startswith(prefixes):
+            return step
+    return None
 
 
 def ensure_installed(

@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 
 from fleet_cli.localllm import profile, server, state
 from fleet_cli.localllm.errors import LocalLlmError
-from fleet_cli.localllm.install import ensure_installed, estimate_s, steps_to_do
+from fleet_cli.localllm.install import ended_step, ensure_installed, estimates, steps_to_do
 from fleet_cli.localllm.paths import Cache
 from fleet_cli.localllm.state import StateReporter, measure_speed
 from fleet_cli.supervisor import Supervisor
@@ -124,7 +124,7 @@ class LocalModelHook:
                 api_base = f"http://127.0.0.1:{options.port}/v1"
                 for change in await profile.point_default_at(js, api_base, key, public):
                     log.info("seeded %s", change)
-                eta = Eta(estimate_s(todo, os.cpu_count() or 1))
+                eta = Eta(estimates(todo, os.cpu_count() or 1))
                 reporter = StateReporter(options.data_dir / "llm", kv, asyncio.get_running_loop())
                 reporter.report(
                     "installing", f"installing in the background: {', '.join(todo)}",
@@ -186,15 +186,27 @@ def hook(options: LlmOptions, say: Callable[[str], None], stop: asyncio.Event) -
 
 
 class Eta:
-    """Seconds left of an estimate made at the start (never below 30: an estimate overrun
-    still says the model is coming, not that it is late)."""
+    """Seconds left: what remains of the step under way (never below 30 s: an overrun
+    estimate still says the model is coming, not that it is late) and the estimates of the
+    steps after it. A step that ends early gives its time back (`done`)."""
 
-    def __init__(self, total_s: float) -> None:
-        self.total_s = total_s
-        self.started = time.monotonic()
+    def __init__(self, steps: dict[str, float]) -> None:
+        self.steps = dict(steps)
+        self.since = time.monotonic()
+        self._lock = threading.Lock()
+
+    def done(self, step: str) -> None:
+        with self._lock:
+            if self.steps.pop(step, None) is not None:
+                self.since = time.monotonic()
 
     def left(self) -> float:
-        return max(30.0, self.total_s - (time.monotonic() - self.started))
+        with self._lock:
+            times = list(self.steps.values())
+            if not times:
+                return 30.0
+            current = max(30.0, times[0] - (time.monotonic() - self.since))
+            return current + sum(times[1:])
 
 
 async def _forget_local(nats_url: str, directory: Path) -> None:
@@ -240,6 +252,9 @@ async def start_local(
 
     def progress(line: str) -> None:
         say(line)
+        ended = ended_step(line)
+        if eta is not None and ended is not None:
+            eta.done(ended)
         if reporter is not None:
             step: LocalState = "building" if line.startswith("building") else "installing"
             reporter.report(step, line, api_base=api_base, eta_s=left())
@@ -253,6 +268,9 @@ async def start_local(
         )
     finally:
         relay.cancel()
+    if eta is not None:  # installed: only the load is left
+        for step in ("weights", "build", "server"):
+            eta.done(step)
     if stop.is_set():  # stopped while it installed: the supervisor is stopping, start nothing
         raise LlmUnavailable("fleet up was stopped before the model was up")
     key = server.ensure_key(options.data_dir / "llm")

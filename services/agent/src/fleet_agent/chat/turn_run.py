@@ -192,7 +192,8 @@ class TurnRun:
         return budgeted_lm(
             ctx.mesh.bus, ctx.mesh.lm, scope,
             on_call=self.recorder.on_llm_call, on_delta=self.recorder.live,
-            announce=self.recorder.live, grant_id=self.next_grant_id, run_deadline=ctx.deadline,
+            announce=self.recorder.live, checkpoint=self.boundary, grant_id=self.next_grant_id,
+            run_deadline=ctx.deadline,
         )  # fmt: skip
 
     @property

@@ -234,7 +234,7 @@ def _forward(
         budgeted = budgeted_lm(
             mesh.bus, mesh.lm, scope, on_call=recorder.on_llm_call,
             on_delta=recorder.live if streams else None, announce=recorder.live,
-            grant_id=recorder.next_grant_id,
+            checkpoint=lambda: hooks.boundary(None), grant_id=recorder.next_grant_id,
             run_deadline=ctx.deadline, usage=usage,
         )  # fmt: skip
         return journal_lm(budgeted, hooks.resume, recorder) if hooks.resume.active else budgeted

@@ -257,17 +257,27 @@ await scenario("model-call-in-flight-ends", async () => {
   await page.getByRole("tab", { name: "Execution" }).click();
 });
 
-await scenario("fallback-named-beside-the-answer", async () => {
+await scenario("computable-question-not-computed", async () => {
+  // a question code computes whose cells fail: an honest failure, no guess in its place
   await newSession("auto", "What is 7 / 0? Fall back if the code fails.");
+  await turnEnds();
+  const turn = page.locator("[data-turn]").last();
+  check((await status().textContent()) === "failed", "the turn should have failed");
+  const error = (await turn.getByRole("alert").textContent()) ?? "";
+  check(/^not_computed: .*ZeroDivisionError.*no guess/.test(error), `the turn said ${error}`);
+});
+
+await scenario("fallback-named-beside-the-answer", async () => {
+  await newSession("auto", "What will the weather be tomorrow? Answer even if the tools fail.");
   await turnEnds();
   const turn = page.locator("[data-turn]").last();
   const line = (await turn.getByTestId("turn-fallback").textContent()) ?? "";
   check(
-    /^answered by .*chain of thought.* after .*code.* failed: /i.test(line.trim()),
+    /^answered by chain of thought after ReAct \(the tools\) failed: /.test(line.trim()),
     `the fallback line reads ${JSON.stringify(line)}`,
   );
   const answer = (await turn.locator("p").last().textContent())?.trim();
-  check(answer === "undefined", `the fallback answered ${answer}`);
+  check(answer === "sunny, I think", `the fallback answered ${answer}`);
 });
 
 await scenario("answer-a-clarification", async () => {

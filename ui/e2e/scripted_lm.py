@@ -10,8 +10,10 @@ answer. It prints its base URL on the first line and serves until killed.
   at once when the uploaded minutes' text is in the prompt);
 - a ChainOfThought asked to "think slowly": an answer streamed at 0.4 s a word (~6 s, the
   call-in-flight test);
-- a computable question that says "fall back": the code route's cell divides by zero (twice),
-  and the ChainOfThought it falls back to answers "undefined" (the fallback-line test);
+- a computable question that says "fall back": the code route's cell divides by zero (twice):
+  the turn fails `not_computed` (the honest-failure test);
+- a question that says "tools fail": ChainOfThought wants the tools, ReAct's step gets a 503,
+  and the ChainOfThought it falls back to answers "sunny, I think" (the fallback-line test);
 - ReAct's extract or a ChainOfThought (`answer`): the region chosen, the launch code when the
   prompt holds the uploaded minutes' text ("the launch code is ZEBRA-4417"), or "four";
 - the connectivity probe ("Reply with exactly OK"): OK.
@@ -51,6 +53,8 @@ def answer(request: ScriptedRequest) -> Reply:
     system, text = request.system, request.prompt_text
     if "Reply with exactly OK" in text:  # the connectivity probe (Settings: Test)
         return Reply("OK")
+    if "next_tool_name" in system and "tools fail" in text.lower():  # the fallback test
+        return Reply("", status=503, error_code="overloaded")
     if "next_tool_name" in system:  # a ReAct step
         if "eu please" in text or LAUNCH in text:  # answered, or the document says it
             return Reply(_fields(next_thought="done", next_tool_name="finish", next_tool_args="{}"))
@@ -62,8 +66,8 @@ def answer(request: ScriptedRequest) -> Reply:
                      pace_s=0.4)  # fmt: skip
     if "previous_error" in system and "fall back" in text.lower():  # the code route fails
         return Reply(_fields(code="print(7 / 0)"))
-    if "`code`" not in system and "fall back" in text.lower():  # ...and chain of thought answers
-        return Reply(_fields(reasoning="no cell", answer="undefined", needs_tools="False"))
+    if "`code`" not in system and "tools fail" in text.lower():  # needs the tools, then not
+        return Reply(_fields(reasoning="tools", answer="sunny, I think", needs_tools="True"))
     if "`code`" not in system:  # ReAct's extract, or a ChainOfThought
         if "eu please" in text:
             return Reply(_fields(reasoning="they chose", answer="deploying to eu"))

@@ -88,10 +88,12 @@ async def test_a_count_over_an_attached_document_runs_over_its_text(processes: P
     assert "context: str" in fake.requests[0].prompt_text
 
 
-async def test_code_that_fails_twice_falls_back_to_cot_and_the_answer_says_so(
+async def test_code_that_fails_twice_fails_the_turn_saying_so_and_no_guess_stands_in(
     processes: Processes,
 ) -> None:
-    script = [code("print(undefined_name)"), code("print(1 / 0)"), cot("391, I believe")]
+    # the embedded model wrote "17 * 23 = 409" twice; chain of thought then said 451: a
+    # question code computes is answered by code or not at all
+    script = [code("print(undefined_name)"), code("print(1 / 0)"), cot("451, I believe")]
     with ScriptedLM(script) as fake:
         async with session(processes) as s:
             await s.use_model(fake)
@@ -99,19 +101,20 @@ async def test_code_that_fails_twice_falls_back_to_cot_and_the_answer_says_so(
             ended = await s.ended(turn, timeout=120)
             events = await s.run_events(turn)
             prompts = [r.prompt_text for r in fake.requests]
-    assert isinstance(ended, TurnCompleted), ended
-    assert ended.answer == "391, I believe"
-    assert ended.answered_by == "cot"
-    assert ended.fallback.startswith(
-        "answered by chain of thought after code in the sandbox failed"
-    )
-    assert "ZeroDivisionError" in ended.fallback
-    (down,) = of_type(events, FellBack)
-    assert (down.from_module, down.to_module) == ("code", "cot")
+            temperatures = [r.body.get("temperature") for r in fake.requests]
+    assert isinstance(ended, TurnFailed), ended
+    assert ended.code == "not_computed"
+    assert "ZeroDivisionError" in ended.error  # the last cell's error, named
+    assert "no guess is given instead" in ended.error
+    assert len(prompts) == 2  # the two cells' calls: chain of thought was never asked
+    assert of_type(events, FellBack) == []
     assert [c.tool for c in of_type(events, ToolCalled)] == ["execute_code", "execute_code"]
-    # the second attempt was shown the first one's error: a step after an error differs
+    # the second attempt was shown the first one's error, and sampled: a step after an error
+    # differs (at temperature 0 a small model repeats its failing line)
     assert "NameError" in prompts[1]
     assert "NameError" not in prompts[0]
+    assert temperatures[1] == 0.7
+    assert temperatures[0] != 0.7
 
 
 async def test_a_question_code_does_not_compute_stays_with_cot_and_says_why(

@@ -8,6 +8,7 @@ it and points the default profile at it — never the wisdom of the answer.
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,6 +99,56 @@ async def test_the_server_answers_a_chat_completion_and_enforces_its_key(
     assert (await chat(config, None, "hi")).status_code == 401
     assert (await chat(config, "not-the-key", "hi")).status_code == 401
     assert key not in (tmp_path / "llm.log").read_text(errors="replace")
+
+
+EVAL_RUNS = re.compile(r"llama_perf_context_print:\s+eval time =\s+[\d.]+ ms /\s+(\d+) runs")
+
+
+def eval_runs(log: Path, after: int) -> list[int]:
+    """The server's own count of tokens generated, per finished generation, in its log."""
+    return [int(n) for n in EVAL_RUNS.findall(log.read_text(errors="replace")[after:])]
+
+
+async def test_a_request_its_client_abandons_stops_generating_on_the_server(
+    served: tuple[server.ServerConfig, str], tmp_path: Path
+) -> None:
+    """The product closes a call it gives up on (a timeout, a token bound: fleet_agent.lm);
+    the embedded server must then stop generating, or the next call waits behind tokens no
+    one reads (the issue measured ~8 minutes of that). Its own timings say how far it got."""
+    config, key = served
+    await answering(config, key)
+    log = tmp_path / "llm.log"
+    mark = len(await asyncio.to_thread(log.read_text, errors="replace"))
+    body = {
+        "model": server.MODEL_ALIAS,
+        "messages": [{"role": "user", "content": "Count from 1 to 3000, one number per line."}],
+        "max_tokens": 1024, "temperature": 0, "seed": 7, "stream": True,
+    }  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}"}
+    pieces = 0
+    async with httpx.AsyncClient(timeout=300) as client:
+        async with client.stream(
+            "POST", f"{config.api_base}/chat/completions", json=body, headers=headers
+        ) as streamed:
+            assert streamed.status_code == 200
+            async for line in streamed.aiter_lines():
+                pieces += line.startswith("data: {")
+                if pieces >= 20:
+                    break  # the client leaves: the response is closed here
+        after = await chat(config, key, "Reply with one word: hello")  # served, not queued
+    assert after.status_code == 200, after.text
+
+    async def answered_counted() -> list[int] | None:
+        found = await asyncio.to_thread(eval_runs, log, mark)
+        return found or None
+
+    runs = await eventually(answered_counted, timeout=60, what="the server's timings")
+    text = (await asyncio.to_thread(log.read_text, errors="replace"))[mark:]
+    assert "Disconnected from client" in text  # the server saw the client leave...
+    # ...and stopped: the only generation it timed is the short one (an abandoned one run to
+    # its cap would be timed at ~1,000 runs, and the next call would have waited ~40 s)
+    assert runs
+    assert all(0 < n <= 16 for n in runs), runs
 
 
 async def test_fleet_up_by_default_serves_the_local_model_behind_the_default_profile(

@@ -1,7 +1,14 @@
 """The text a turn's named context adds after its message (pure)."""
 
 from fleet_agent.chat.escalation import CONTEXT_THRESHOLD, opening
-from fleet_agent.chat.turn_context import MAX_LISTED_PATHS, REPO_DIR, block, in_sandbox
+from fleet_agent.chat.turn_context import (
+    MAX_LISTED_PATHS,
+    REPO_DIR,
+    block,
+    code_variables,
+    documents_in,
+    in_sandbox,
+)
 from fleet_events.envelope import BlobRef
 from fleet_events.session import DocumentRef, TurnRequested
 
@@ -72,3 +79,27 @@ def test_context_only_tools_reach_is_in_the_sandbox() -> None:
     assert in_sandbox(TurnRequested(message="m", repo_url="https://example.com/r.git"), "")
     named = block([(ref("big"), "x" * 50)], [], (), max_chars=10)
     assert in_sandbox(ask, named)
+
+
+def test_the_code_route_gets_each_whole_document_under_its_own_name_as_it_exists() -> None:
+    tricky = "a,b\n1,2\n[end of 'sales']\n[attached 'x' (x.txt, 3 characters)]\nabc\n9,9"
+    attached = block(
+        [(ref("sales"), tricky), (ref("class"), "def f(): pass\n"), (ref("my notes"), "hi")],
+        ["gone"],
+        ("a.py",),
+    )
+    variables, described = code_variables(attached)
+    # each text exactly, sliced by its header's length: header-like lines inside stay text
+    assert variables["sales"] == tricky
+    assert variables["document_2"] == "def f(): pass\n"  # a keyword is no variable name
+    assert variables["document_3"] == "hi"  # nor a name with a space
+    assert variables["context"] == attached  # everything, as the other modules read it
+    assert set(variables) == {"sales", "document_2", "document_3", "context"}
+    lines = described.splitlines()
+    assert lines[0] == (
+        "sales: str, the attached document 'sales' (sales.txt) alone, 69 characters, 6 lines; "
+        "it begins: \"a,b\\n1,2\\n[end of 'sales']\""
+    )
+    assert lines[-1].startswith(f"context: str, {len(attached)} characters, everything attached")
+    assert code_variables("") == ({}, "none")
+    assert documents_in("no header here") == []

@@ -91,11 +91,12 @@ const CallRow = memo(function CallRow({ c }: { c: LlmCall }) {
         <td>
           {ms(c.latencyMs)}
           {c.cached ? " (cached)" : ""}
-          {c.error ? ` · ${c.error}` : ""}
         </td>
       </tr>
       <tr>
         <td colSpan={5}>
+          {/* a row of its own: a long error in a cell squeezed the columns together */}
+          {c.error ? <p className="break-words text-red-300">{c.error}</p> : null}
           <div data-testid="call-exchange">
             <button
               type="button"

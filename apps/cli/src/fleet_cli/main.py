@@ -210,6 +210,8 @@ def status_command(
     """Ask the gateway's /ready and show every component; exit 0 only when all are up."""
     import asyncio
 
+    from rich.markup import escape
+
     from fleet_cli import display
     from fleet_cli.localmesh import admin_token, mesh_dir, no_mesh_message, recorded_gateway
     from fleet_cli.status import ask
@@ -230,6 +232,8 @@ def status_command(
         )
         raise typer.Exit(2)
     console.print(display.components(answer))
+    for line in display.starting(answer):
+        console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
     raise typer.Exit(0 if answer.ready else 1)
 
 

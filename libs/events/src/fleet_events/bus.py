@@ -293,7 +293,11 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         "live", subjects.LIVE.text, "live", None,
-        "unpersisted deltas for watchers; everything that matters is also an event",
+        "unpersisted deltas for watchers; everything that matters is also an event. Kinds: "
+        "`assistant_token` (the answer streaming), `cell_output` (a running cell's prints), "
+        "`llm_call_started` (a granted call sent: in flight until the `run.llm_called` with its "
+        "`grant_id`), `model_waiting` (a call waits for the embedded model to come up: what it "
+        "does, about how long)",
         payload=LiveDelta,
     ),
     Channel(

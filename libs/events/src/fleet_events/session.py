@@ -140,6 +140,7 @@ TURN_FAILURES = (
     "repo_unavailable",
     "budget_spent",
     "no_submit",
+    "not_computed",
 )
 """Every `TurnFailed.code` the agent writes (a client switches on them; a test holds the agent's
 codes to this list). `runner_error`: the agent raised; `replica_lost`: the replica running it
@@ -150,7 +151,9 @@ call failed, by kind (docs/turns.md, "When the model call fails"); `repo_unavail
 broker could not clone the turn's repository at its ref; `budget_spent`: the budget refused a
 model call the turn could not do without (a tenant's daily cap, the tree's limits);
 `no_submit`: the RLM used all its iterations without calling `SUBMIT`, so it has no answer
-(dspy's extract step would only guess one: it is not asked)."""
+(dspy's extract step would only guess one: it is not asked); `not_computed`: the question is
+one code computes (the stated rule, `run.compute_decided`) and the cells the model wrote did
+not compute it (no other module's guess is given in its place)."""
 
 
 class TurnRefused(Event, frozen=True, kw_only=True, tag="turn.refused"):

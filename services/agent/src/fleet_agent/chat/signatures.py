@@ -37,12 +37,17 @@ class ComputeTurn(dspy.Signature):  # type: ignore[misc]
     """Write one short Python cell that computes the answer to the question and prints it.
     Use only the standard library and the variables listed (they already exist: do not
     define them again); files listed are in the working directory. Print only the answer.
+    The code computes; it never states the answer: for "What is 6 * 7?" write
+    `print(6 * 7)`, and for "How many words are in the context?" write
+    `print(len(context.split()))`.
     If previous_error is set, your last code raised it: write different code."""
 
     question: str = dspy.InputField()
     variables: str = dspy.InputField(desc="the variables and files the code can use")
     previous_error: str = dspy.InputField(desc="what the last attempt's code raised, or empty")
-    code: str = dspy.OutputField(desc="Python code only, no explanation, no markdown")
+    code: str = dspy.OutputField(
+        desc="Python code only, no explanation, no markdown; it ends by printing the answer"
+    )
 
 
 RLM_TURN = "task, context -> answer"

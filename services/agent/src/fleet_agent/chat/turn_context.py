@@ -14,7 +14,9 @@ goes to the RLM, as a long message does). A `tools_only` turn cannot reach the R
 document past the threshold is named, not put in, and ReAct reads it with the document tools.
 """
 
+import keyword
 import logging
+import re
 
 from fleet_agent.chat.documents import text_of
 from fleet_events.session import DocumentRef, TurnRequested
@@ -67,6 +69,49 @@ def block(
 
 
 TOO_LONG = "too long to include here"
+
+_HEADER = re.compile(r"\[attached '((?:[^'\\]|\\.)*)' \((.*?), (\d+) characters\)\]\n")
+PREVIEW_LINES = 3
+PREVIEW_CHARS = 240
+
+
+def documents_in(block_text: str) -> list[tuple[str, str, str]]:
+    """`(alias, origin, text)` of each document `block` put in whole, its text sliced by the
+    length its header states (so a text holding header-like lines cannot confuse it). Pure."""
+    found = []
+    at = 0
+    while (header := _HEADER.search(block_text, at)) is not None:
+        start = header.end()
+        text = block_text[start : start + int(header.group(3))]
+        found.append((header.group(1).replace("\\'", "'"), header.group(2), text))
+        at = start + len(text)
+    return found
+
+
+def code_variables(block_text: str) -> tuple[dict[str, str], str]:
+    """What the code route's cell gets and how its prompt names it: `context` (everything
+    attached, as the other modules read it) and each whole document under a name of its own
+    (its alias when that is a Python name, else `document_N`), with its size and first lines,
+    so a small model writes code against the variables as they exist. Pure."""
+    if not block_text:
+        return {}, "none"
+    variables = {"context": block_text}
+    lines = []
+    for n, (alias, origin, text) in enumerate(documents_in(block_text), start=1):
+        name = alias if alias.isidentifier() and not keyword.iskeyword(alias) else ""
+        name = name if name and name not in variables else f"document_{n}"
+        variables[name] = text
+        head = "\n".join(text.splitlines()[:PREVIEW_LINES])[:PREVIEW_CHARS]
+        lines.append(
+            f"{name}: str, the attached document {alias!r} ({origin}) alone, {len(text)} "
+            f"characters, {len(text.splitlines())} lines; it begins: {head!r}"
+        )
+    lines.append(
+        f"context: str, {len(block_text)} characters, everything attached together "
+        "(documents between [attached ...] and [end of ...] lines; files named in it are in "
+        "the working directory)"
+    )
+    return variables, "\n".join(lines)
 
 
 def in_sandbox(request: TurnRequested | None, block_text: str) -> bool:

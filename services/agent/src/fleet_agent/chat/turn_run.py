@@ -30,6 +30,7 @@ from fleet_agent.chat.tools import (
     toolset,
 )
 from fleet_agent.chat.tools.sandbox import Sandbox
+from fleet_agent.chat.turn_context import code_variables
 from fleet_agent.engine.journal_lm import journal_lm
 from fleet_agent.engine.model import (
     RlmResult,
@@ -42,7 +43,14 @@ from fleet_agent.engine.recorder import RunRecorder
 from fleet_agent.engine.resume import Resume as EngineResume
 from fleet_agent.lm import CallScope, budgeted_lm
 from fleet_agent.run import lifecycle
-from fleet_agent.run.failures import RUNNER_ERROR, RunBroke, RunFailure, falls_back, stated, why
+from fleet_agent.run.failures import (
+    NOT_COMPUTED,
+    RunBroke,
+    RunFailure,
+    falls_back,
+    stated,
+    why,
+)
 from fleet_agent.run.seams import Predictor, blocking
 from fleet_agent.runners import Answered, Failed, Parked, Stopped
 from fleet_events.run import Escalated, FellBack, IterationPlanned, RunStarted, ToolReturned
@@ -231,16 +239,10 @@ class TurnRun:
     def code(self) -> str:
         """A computable question: the model writes one cell, the sandbox runs it, and its
         output is the answer, citing the cell. A second try is shown the first's error; two
-        failures hand the turn down (`escalation.fallback_from`), named in the answer."""
+        failures end the turn `not_computed`, with the last error: no module's guess is given
+        in place of a computation (the embedded model's 17 * 23 = 451)."""
         self.boundary()
-        variables = {"context": self.attached} if self.attached else {}
-        described = (
-            f"context: str, {len(self.attached)} characters, the attached text "
-            "(documents between [attached ...] and [end of ...] lines; files named in it are "
-            "in the working directory)"
-            if self.attached
-            else "none"
-        )
+        variables, described = code_variables(self.attached)
         sandbox = Sandbox(self.kit)
 
         def execute_code(code: str) -> str:
@@ -248,10 +250,13 @@ class TurnRun:
 
         cell = recorded(self.kit, "execute_code", execute_code)
         error = ""
-        for _ in range(CODE_ATTEMPTS):
+        for attempt in range(CODE_ATTEMPTS):
             self.boundary()
+            # a retry samples (the same seed: the same retry every time): at temperature 0 a
+            # small model shown its error writes the same failing line again
+            config = {"temperature": RETRY_TEMPERATURE} if attempt else {}
             prediction = dspy.Predict(ComputeTurn)(
-                question=self.asked, variables=described, previous_error=error
+                question=self.asked, variables=described, previous_error=error, config=config
             )
             written = _bare_code(str(prediction.code or ""))
             self.planned("computing the answer with one sandbox cell", "execute_code")
@@ -260,8 +265,10 @@ class TurnRun:
                 return f"{output}\n\n(computed in the sandbox by:\n```python\n{written}\n```)"
             error = output.removeprefix("error:").strip() or "the code printed nothing"
         raise RunFailure(
-            f"the code route's {CODE_ATTEMPTS} cells did not compute an answer: {error[:300]}",
-            code=RUNNER_ERROR,
+            f"this question is one code computes, and the {CODE_ATTEMPTS} cells the model wrote "
+            f"did not compute an answer (the last: {error[:300]}); no guess is given instead. "
+            "Ask again in other words, or use a stronger model (docs/local-llm.md)",
+            code=NOT_COMPUTED,
         )
 
     def _formatted(self, trajectory: dict[str, Any]) -> str:
@@ -461,6 +468,8 @@ class TurnRun:
 
 
 CODE_ATTEMPTS = 2
+RETRY_TEMPERATURE = 0.7
+"""The code route's second attempt samples at this temperature (the profile's seed kept)."""
 _FENCE = re.compile(r"^```(?:python|py)?\s*\n(.*?)\n?```\s*$", re.DOTALL)
 
 

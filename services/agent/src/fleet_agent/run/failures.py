@@ -53,6 +53,7 @@ SANDBOX_LOST = "sandbox_lost"
 REPO_UNAVAILABLE = "repo_unavailable"
 BUDGET_SPENT = "budget_spent"
 NO_SUBMIT = "no_submit"
+NOT_COMPUTED = "not_computed"
 
 CODES: dict[str, Code] = {
     RUNNER_ERROR: Code(retryable=True, falls_back=True, stated=False),
@@ -61,6 +62,7 @@ CODES: dict[str, Code] = {
     REPO_UNAVAILABLE: Code(retryable=False, falls_back=False, stated=True),
     BUDGET_SPENT: Code(retryable=False, falls_back=False, stated=True),
     NO_SUBMIT: Code(retryable=True, falls_back=True, stated=True),
+    NOT_COMPUTED: Code(retryable=False, falls_back=False, stated=True),
     **{
         code: Code(
             retryable=code in _LLM_RETRYABLE, falls_back=code not in _LLM_NO_FALLBACK, stated=True

@@ -31,6 +31,7 @@ TABLE = {
     "repo_unavailable": (False, False, True),
     "budget_spent": (False, False, True),
     "no_submit": (True, True, True),
+    "not_computed": (False, False, True),
     "llm_timeout": (True, True, True),
     "llm_rate_limited": (True, False, True),
     "llm_quota_exceeded": (False, False, True),

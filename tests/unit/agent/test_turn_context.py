@@ -4,6 +4,7 @@ from fleet_agent.chat.escalation import CONTEXT_THRESHOLD, opening
 from fleet_agent.chat.turn_context import (
     MAX_LISTED_PATHS,
     REPO_DIR,
+    CodeInputs,
     block,
     code_variables,
     documents_in,
@@ -88,18 +89,38 @@ def test_the_code_route_gets_each_whole_document_under_its_own_name_as_it_exists
         ["gone"],
         ("a.py",),
     )
-    variables, described = code_variables(attached)
+    inputs = code_variables(attached)
+    variables, described = inputs.variables, inputs.described
     # each text exactly, sliced by its header's length: header-like lines inside stay text
     assert variables["sales"] == tricky
     assert variables["document_2"] == "def f(): pass\n"  # a keyword is no variable name
-    assert variables["document_3"] == "hi"  # nor a name with a space
+    assert variables["my_notes"] == "hi"  # a space becomes an underscore
     assert variables["context"] == attached  # everything, as the other modules read it
-    assert set(variables) == {"sales", "document_2", "document_3", "context"}
+    assert set(variables) == {"sales", "document_2", "my_notes", "context"}
     lines = described.splitlines()
     assert lines[0] == (
         "sales: str, the attached document 'sales' (sales.txt) alone, 69 characters, 6 lines; "
         "it begins: \"a,b\\n1,2\\n[end of 'sales']\""
     )
     assert lines[-1].startswith(f"context: str, {len(attached)} characters, everything attached")
-    assert code_variables("") == ({}, "none")
+    assert code_variables("") == CodeInputs({}, "", "none")
+    # the named sandbox file is read into a variable named after it, before the model's code
+    assert inputs.prelude == (
+        "a = open('a.py', encoding='utf-8', errors='replace').read(10000000)"
+    )
+    assert "a: str, the text of the file 'a.py' in the working directory" in described
+
+
+def test_named_files_become_variables_read_by_the_cells_prelude_and_only_five() -> None:
+    paths = ("haystack.txt", "data/sales.csv", "class.py", "2024.log", "x.txt", "y.txt")
+    inputs = code_variables(block([], [], paths))
+    assert inputs.prelude.splitlines() == [
+        "haystack = open('haystack.txt', encoding='utf-8', errors='replace').read(10000000)",
+        "sales = open('data/sales.csv', encoding='utf-8', errors='replace').read(10000000)",
+        "file_3 = open('class.py', encoding='utf-8', errors='replace').read(10000000)",
+        "file_4 = open('2024.log', encoding='utf-8', errors='replace').read(10000000)",
+        "x = open('x.txt', encoding='utf-8', errors='replace').read(10000000)",
+    ]
+    assert set(inputs.variables) == {"context"}  # read in the sandbox, never sent
+    assert "haystack: str, the text of the file 'haystack.txt'" in inputs.described
     assert documents_in("no header here") == []

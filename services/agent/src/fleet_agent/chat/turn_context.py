@@ -17,6 +17,7 @@ document past the threshold is named, not put in, and ReAct reads it with the do
 import keyword
 import logging
 import re
+from dataclasses import dataclass
 
 from fleet_agent.chat.documents import text_of
 from fleet_events.session import DocumentRef, TurnRequested
@@ -88,30 +89,73 @@ def documents_in(block_text: str) -> list[tuple[str, str, str]]:
     return found
 
 
-def code_variables(block_text: str) -> tuple[dict[str, str], str]:
+_PATHS = re.compile(
+    r"\[context files, in the session sandbox's working directory \(read them with code\): "
+    r"(.*?)(?: and \d+ more)?\]$",
+    re.M,
+)
+FILE_VARIABLES = 5
+"""At most this many named files are read into variables of their own for the code route."""
+FILE_VARIABLE_CHARS = 10_000_000
+
+
+@dataclass(frozen=True)
+class CodeInputs:
+    """What the code route's cell gets: `variables` sent with it, `prelude` run before the
+    model's code (reading named files into variables), and `described`, how its prompt names
+    them all."""
+
+    variables: dict[str, str]
+    prelude: str
+    described: str
+
+
+def _name(wanted: str, taken: dict[str, str], fallback: str) -> str:
+    name = re.sub(r"\W", "_", wanted)
+    ok = name.isidentifier() and not keyword.iskeyword(name) and name not in taken
+    return name if ok else fallback
+
+
+def code_variables(block_text: str) -> CodeInputs:
     """What the code route's cell gets and how its prompt names it: `context` (everything
-    attached, as the other modules read it) and each whole document under a name of its own
-    (its alias when that is a Python name, else `document_N`), with its size and first lines,
-    so a small model writes code against the variables as they exist. Pure."""
+    attached, as the other modules read it), each whole document under a name of its own (its
+    alias when that is a Python name, else `document_N`) with its size and first lines, and
+    each named sandbox file (the first `FILE_VARIABLES`) read into a variable named after it
+    by the cell's prelude, so a small model writes code against the variables as they exist
+    (it counted the words of the file *list* when only `context` was there). Pure."""
     if not block_text:
-        return {}, "none"
+        return CodeInputs({}, "", "none")
     variables = {"context": block_text}
     lines = []
     for n, (alias, origin, text) in enumerate(documents_in(block_text), start=1):
-        name = alias if alias.isidentifier() and not keyword.iskeyword(alias) else ""
-        name = name if name and name not in variables else f"document_{n}"
+        name = _name(alias, variables, f"document_{n}")
         variables[name] = text
         head = "\n".join(text.splitlines()[:PREVIEW_LINES])[:PREVIEW_CHARS]
         lines.append(
             f"{name}: str, the attached document {alias!r} ({origin}) alone, {len(text)} "
             f"characters, {len(text.splitlines())} lines; it begins: {head!r}"
         )
+    prelude = []
+    listed = _PATHS.search(block_text)
+    paths = listed.group(1).split(", ")[:FILE_VARIABLES] if listed else []
+    read: dict[str, str] = dict(variables)
+    for n, path in enumerate(paths, start=1):
+        name = _name(path.rsplit("/", 1)[-1].split(".", 1)[0], read, f"file_{n}")
+        read[name] = path
+        prelude.append(
+            f"{name} = open({path!r}, encoding='utf-8', errors='replace')"
+            f".read({FILE_VARIABLE_CHARS})"
+        )
+        lines.append(
+            f"{name}: str, the text of the file {path!r} in the working directory (already "
+            "read for you)"
+        )
     lines.append(
         f"context: str, {len(block_text)} characters, everything attached together "
         "(documents between [attached ...] and [end of ...] lines; files named in it are in "
         "the working directory)"
     )
-    return variables, "\n".join(lines)
+    return CodeInputs(variables, "\n".join(prelude), "\n".join(lines))
 
 
 def in_sandbox(request: TurnRequested | None, block_text: str) -> bool:

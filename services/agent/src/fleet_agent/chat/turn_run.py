@@ -242,11 +242,11 @@ class TurnRun:
         failures end the turn `not_computed`, with the last error: no module's guess is given
         in place of a computation (the embedded model's 17 * 23 = 451)."""
         self.boundary()
-        variables, described = code_variables(self.attached)
+        inputs = code_variables(self.attached)
         sandbox = Sandbox(self.kit)
 
         def execute_code(code: str) -> str:
-            return sandbox.run_cell(code, variables)
+            return sandbox.run_cell(code, inputs.variables)
 
         cell = recorded(self.kit, "execute_code", execute_code)
         error = ""
@@ -256,9 +256,14 @@ class TurnRun:
             # small model shown its error writes the same failing line again
             config = {"temperature": RETRY_TEMPERATURE} if attempt else {}
             prediction = dspy.Predict(ComputeTurn)(
-                question=self.asked, variables=described, previous_error=error, config=config
+                question=self.asked,
+                variables=inputs.described,
+                previous_error=error,
+                config=config,
             )
             written = _bare_code(str(prediction.code or ""))
+            if inputs.prelude:  # the named files, read into the variables the prompt named
+                written = f"{inputs.prelude}\n{written}"
             self.planned("computing the answer with one sandbox cell", "execute_code")
             output = str(cell(code=written)).strip()
             if output and not output.startswith("error:"):

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from fleet_agent.run.failures import code_of
 from fleet_cli.localllm import server
 from fleet_events import new_id
 from fleet_events.run import ComputeDecided, LlmCalled, ToolCalled
 from fleet_events.session import (
+    TURN_FAILURES,
     DocumentLoaded,
     DocumentRef,
     TurnCompleted,
@@ -135,13 +137,10 @@ def outcome(
     )
 
 
-@pytest.mark.parametrize("task", TASKS, ids=[t.question[:30] for t in TASKS])
-async def test_a_computable_question_is_right_or_fails_saying_why(
-    processes: Processes,
-    model: tuple[server.ServerConfig, str],
-    results: list[str],
-    task: Task,
-) -> None:
+async def asked(
+    processes: Processes, model: tuple[server.ServerConfig, str], results: list[str], task: Task
+) -> tuple[TurnCompleted | TurnFailed, ComputeDecided, list[object]]:
+    """`task` asked in a session of its own on the embedded model; its outcome noted."""
     config, key = model
     await answering(config, key)
     async with session(processes) as s:
@@ -149,9 +148,21 @@ async def test_a_computable_question_is_right_or_fails_saying_why(
         ended, events, seconds = await ask(s, task)
     results.append(outcome(task, ended, seconds, events))
     (decided,) = of_type(events, ComputeDecided)  # type: ignore[arg-type]
+    return ended, decided, events
+
+
+@pytest.mark.parametrize("task", TASKS, ids=[t.question[:30] for t in TASKS])
+async def test_a_computable_question_is_right_or_fails_saying_why(
+    processes: Processes,
+    model: tuple[server.ServerConfig, str],
+    results: list[str],
+    task: Task,
+) -> None:
+    ended, decided, _ = await asked(processes, model, results, task)
     assert decided.computable, decided
     if isinstance(ended, TurnFailed):  # an honest failure: a stated code, never a guess
-        assert ended.code, ended
+        assert ended.code in TURN_FAILURES, ended
+        assert code_of(ended.code).stated, ended  # not the runner breaking
         return
     assert ended.answered_by == "code", ended
     assert ended.answer.strip().splitlines()[0] == task.right, ended.answer
@@ -165,13 +176,7 @@ async def test_a_question_code_does_not_compute_stays_with_chain_of_thought(
     results: list[str],
     task: Task,
 ) -> None:
-    config, key = model
-    await answering(config, key)
-    async with session(processes) as s:
-        await use_local_model(s, processes, config.api_base, key)
-        ended, events, seconds = await ask(s, task)
-    results.append(outcome(task, ended, seconds, events))
-    (decided,) = of_type(events, ComputeDecided)  # type: ignore[arg-type]
+    ended, decided, events = await asked(processes, model, results, task)
     assert (decided.computable, decided.rule) == (False, "none")
     assert isinstance(ended, TurnCompleted), ended
     assert ended.answered_by == "cot"

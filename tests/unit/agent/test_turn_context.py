@@ -105,9 +105,7 @@ def test_the_code_route_gets_each_whole_document_under_its_own_name_as_it_exists
     assert lines[-1].startswith(f"context: str, {len(attached)} characters, everything attached")
     assert code_variables("") == CodeInputs({}, "", "none")
     # the named sandbox file is read into a variable named after it, before the model's code
-    assert inputs.prelude == (
-        "a = open('a.py', encoding='utf-8', errors='replace').read(10000000)"
-    )
+    assert inputs.prelude == ("a = open('a.py', encoding='utf-8', errors='replace').read(10000000)")
     assert "a: str, the text of the file 'a.py' in the working directory" in described
 
 

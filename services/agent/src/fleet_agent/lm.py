@@ -46,6 +46,7 @@ import stamina
 from dspy.clients.engines.litellm_engine import LiteLLMEngine
 from dspy.clients.lm15_boundary import request_kwargs
 from dspy.lm15 import Request, Response, materialize_response
+from nats.errors import Error as NatsError
 
 from fleet_agent.answer_stream import FieldStream
 from fleet_agent.llm_failures import RATE_LIMIT_RETRIES, LlmFailure, classify, retry_wait
@@ -285,7 +286,12 @@ class BudgetedEngine:
         (installing, building, loading: `fleet up`'s first start on a machine)."""
         if stored.profile.api_base is None:
             return None
-        local = await self.services.llm.local_model()
+        try:
+            local = await self.services.llm.local_model()
+        except (NatsError, TimeoutError) as exc:
+            # the state is advice: unread (a server restarting), the call goes as it would
+            log.warning("could not read the embedded model's state", extra={"error": repr(exc)})
+            return None
         if local is None or local.api_base != stored.profile.api_base:
             return None
         if local.state in ("failed", "stopped"):  # it will not come up: say why, ask nothing

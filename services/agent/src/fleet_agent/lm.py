@@ -96,6 +96,9 @@ STREAMED_FIELD = "answer"
 
 log = logging.getLogger("fleet.agent.lm")
 
+LOCAL_BASE = "http://127.0.0.1:"
+"""Where `fleet up` serves the embedded model; a profile elsewhere never reads its state (one
+KV read fewer before every call of every other mesh)."""
 LOCAL_WAIT_S = 1800.0
 """How long a call without a run deadline waits for the embedded model to come up."""
 LOCAL_POLL_S = 2.0
@@ -284,8 +287,9 @@ class BudgetedEngine:
     async def _local_starting(self, stored: StoredProfile) -> LocalModelState | None:
         """The embedded model's state when the profile names its server and it is not up yet
         (installing, building, loading: `fleet up`'s first start on a machine)."""
-        if stored.profile.api_base is None:
-            return None
+        api_base = stored.profile.api_base
+        if api_base is None or not api_base.startswith(LOCAL_BASE):
+            return None  # `fleet up` serves the embedded model on loopback only: no read
         try:
             local = await self.services.llm.local_model()
         except (NatsError, TimeoutError) as exc:

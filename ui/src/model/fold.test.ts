@@ -4,7 +4,7 @@ import { Log, recursiveTurn } from "./fixtures";
 import { fold, foldDelta, viewAt } from "./fold";
 import { Timeline } from "./timeline";
 import { buildTree, collapsedSet, treeKey, visibleRows } from "./tree";
-import { emptyView } from "./view";
+import { EARLY_RUNS, emptyView } from "./view";
 
 function deepFreeze<T>(value: T): T {
   if (value && typeof value === "object" && !Object.isFrozen(value)) {
@@ -343,7 +343,6 @@ describe("trace tree", () => {
     view = foldDelta(view, started("r-g1"));
     expect(foldDelta(view, started("r-g1"))).toBe(view); // announced twice: shown once
     expect(foldDelta(view, { ...started("r-g2"), text: "{oops" })).toBe(view);
-    expect(foldDelta(view, started("r-g2", "nope"))).toBe(view);
     const flying = () => buildTree(view)[0]?.children[0]?.children.at(-1);
     expect(flying()).toMatchObject({
       id: "flight:r-g1",
@@ -367,6 +366,36 @@ describe("trace tree", () => {
     expect(foldDelta(view, started("r-g3"))).toBe(view);
     // time travel never shows one: deltas are not in the log
     expect(viewAt(log.frames, log.frames.length).runs.r?.inFlight).toEqual([]);
+  });
+
+  it("holds a call announced before its run's start arrives, and shows it once the run starts", () => {
+    // deltas travel over core NATS and outrun the log: a run's first call is often announced
+    // before the page has folded its run.started
+    const log = new Log();
+    log.add({ type: "session.created" });
+    log.add({ type: "turn.requested", message: "hi" }, { turn: "t" });
+    const announce = (grant: string, run = "r") =>
+      ({
+        type: "delta",
+        kind: "llm_call_started",
+        run,
+        text: JSON.stringify({ grant, role: "planner", model: "qwen" }),
+      }) as const;
+    let view = foldDelta(fold(emptyView(), log.frames), announce("r-g1"));
+    expect(foldDelta(view, announce("r-g1"))).toBe(view); // twice: held once
+    expect(view.runs.r).toBeUndefined();
+    log.add(
+      { type: "run.started", kind: "chat", tree: "x", max_llm_calls: 5 },
+      { turn: "t", run: "r" },
+    );
+    view = fold(view, log.frames.slice(-1));
+    expect(view.runs.r?.inFlight.map((c) => c.grant)).toEqual(["r-g1"]);
+    expect(view.early).toEqual({});
+    // runs that never start (another page's, a deleted session's) are held only so many
+    for (let i = 0; i < EARLY_RUNS + 5; i++) view = foldDelta(view, announce(`g${i}`, `lost${i}`));
+    expect(Object.keys(view.early)).toHaveLength(EARLY_RUNS);
+    expect(view.early.lost0).toBeUndefined();
+    expect(view.early[`lost${EARLY_RUNS + 4}`]?.[0]?.grant).toBe(`g${EARLY_RUNS + 4}`);
   });
 
   it("shows a run whose parent never appeared instead of hiding it", () => {

@@ -4,7 +4,7 @@
 // 10,000-event replay linear instead of copying the whole model per event.
 import type { DeltaFrame, EventFrame } from "./frames";
 import type { Budget, InFlightCall, Iteration, RunNode, Turn, ViewModel } from "./view";
-import { emptyView } from "./view";
+import { EARLY_RUNS, emptyView } from "./view";
 
 class Draft {
   private readonly fresh = new WeakSet<object>();
@@ -202,9 +202,13 @@ function apply(d: Draft, frame: EventFrame): void {
         children: [],
         maxLlmCalls: data.max_llm_calls ?? 0,
         liveStdout: "",
-        inFlight: [],
+        inFlight: v.early[id] ?? [], // announced before the log said the run started
         seq,
       };
+      if (v.early[id]) {
+        const { [id]: _, ...rest } = v.early;
+        v.early = rest;
+      }
       v.runOrder = d.own(v.runOrder);
       v.runOrder.push(id);
       const up = parent ? d.run(parent) : undefined;
@@ -437,6 +441,16 @@ function announced(text: string): InFlightCall | null {
   }
 }
 
+/** An announcement for a run not folded yet, held until its `run.started` arrives. */
+function holdEarly(d: Draft, runId: string, call: InFlightCall): ViewModel {
+  const held = d.v.early[runId] ?? [];
+  const early = { ...d.v.early, [runId]: [...held, call] };
+  const runs = Object.keys(early);
+  for (const old of runs.slice(0, Math.max(0, runs.length - EARLY_RUNS))) delete early[old];
+  d.v.early = early;
+  return d.v;
+}
+
 export function foldDelta(view: ViewModel, delta: DeltaFrame): ViewModel {
   const d = new Draft({ ...view });
   const run = delta.run ? d.run(delta.run) : undefined;
@@ -453,8 +467,14 @@ export function foldDelta(view: ViewModel, delta: DeltaFrame): ViewModel {
   }
   if (delta.kind === CALL_STARTED) {
     const call = announced(delta.text);
+    if (!call || !delta.run) return view;
+    if (!run) {
+      // the run's start is still on its way: held until it lands
+      if (view.early[delta.run]?.some((c) => c.grant === call.grant)) return view;
+      return holdEarly(d, delta.run, call);
+    }
     // shown until its stored call arrives; one already stored (or a run ended) is not in flight
-    if (!run || !call || run.status !== "running") return view;
+    if (run.status !== "running") return view;
     const waited = d.turn(run.turn ?? undefined);
     if (waited?.waiting) waited.waiting = ""; // the model is up: the call is sent
     if (run.inFlight.some((c) => c.grant === call.grant)) return view;

@@ -152,7 +152,14 @@ export interface ViewModel {
   budgets: Record<string, Budget>;
   pendingInput: PendingInput | null;
   notices: { seq: number; kind: string; text: string }[];
+  /** Calls announced for runs whose `run.started` has not been folded yet: deltas go over core
+   * NATS and can outrun the log, so a run's first call is often announced before its run is
+   * known. Moved into the run's `inFlight` when it starts; live only, never in the log. */
+  early: Record<string, InFlightCall[]>;
 }
+
+/** Runs whose early announcements are held at most (the oldest are dropped past it). */
+export const EARLY_RUNS = 32;
 
 export function emptyView(): ViewModel {
   return {
@@ -170,5 +177,6 @@ export function emptyView(): ViewModel {
     budgets: {},
     pendingInput: null,
     notices: [],
+    early: {},
   };
 }

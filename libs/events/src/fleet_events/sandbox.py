@@ -106,6 +106,15 @@ class LimitExceeded(Event, frozen=True, kw_only=True, tag="sandbox.limit_exceede
     detail: str
 
 
+class DiskFull(Event, frozen=True, kw_only=True, tag="sandbox.disk_full"):
+    """A sandbox's fork family reached its disk quota (`limit`: "bytes" or "inodes"): the
+    kernel refuses its writes (`ENOSPC`) until files are deleted; the sandbox runs on."""
+
+    sandbox: str
+    limit: Literal["bytes", "inodes"]
+    detail: str
+
+
 class SandboxDeleted(Event, frozen=True, kw_only=True, tag="sandbox.deleted"):
     """A sandbox's processes and workspace are gone (its volume, if any, is kept)."""
 
@@ -173,6 +182,7 @@ EVENTS: tuple[type[Event], ...] = (
     ContextOpened,
     ContextClosed,
     LimitExceeded,
+    DiskFull,
     SandboxDeleted,
     ChildIsolationDecided,
     SandboxReplaced,

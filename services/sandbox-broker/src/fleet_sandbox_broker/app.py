@@ -133,8 +133,16 @@ async def _local(ctx: service.ServiceContext, settings: BrokerSettings) -> Provi
             family_max=settings.family_max,
             task_cgroup=settings.task_cgroup,
             host_tasks=settings.host_tasks,
+            family_disk_mb=settings.family_disk_mb,
+            disk_check_s=settings.disk_check_s,
         )
     )
+    if not local.disks.on:
+        ctx.log.warning(
+            "no disk quota on sandboxes: a workspace is bounded by its inode count and the "
+            "size of each file only",
+            extra={"why": local.disks.why},
+        )
     if local.tasks.procs is None:
         ctx.log.warning(
             "no host-wide bound on sandbox tasks: each fork family is bounded by its own "

@@ -230,6 +230,7 @@ class Broker:
         held = Held(tenant, box, labels, parent, spec, provider=provider or self.provider.name)
         self.held[box.id] = held
         box.on_stop.append(lambda stopped: self._on_stop(stopped, held))
+        box.on_full.append(lambda full, limit, detail: self._on_full(full, held, limit, detail))
         if self.on_adopt is not None:
             await self.on_adopt(held)
         return held
@@ -242,6 +243,15 @@ class Broker:
             await self.append(held.tenant, box.id, event, held.labels)
         except Exception:
             self.ctx.log.exception("could not record a sandbox stop", extra={"sandbox": box.id})
+
+    async def _on_full(self, box: Sandbox, held: Held, limit: str, detail: str) -> None:
+        if self._closing:
+            return
+        event = sb.DiskFull(sandbox=box.id, limit=limit, detail=detail)  # type: ignore[arg-type]
+        try:
+            await self.append(held.tenant, box.id, event, held.labels)
+        except Exception:
+            self.ctx.log.exception("could not record a full disk", extra={"sandbox": box.id})
 
     # -- the quota ------------------------------------------------------------------------------
 

@@ -78,7 +78,10 @@ def reachable(broker: Broker, view: domain.SandboxView) -> bool:
 
 def _on_my_disk(broker: Broker, workspace: str) -> bool:
     directory = Path(workspace).parent
-    return directory.parent.resolve() == broker.settings.root.resolve() and directory.is_dir()
+    # a link: its files are in its fork family's filesystem on this disk (`providers.disks`),
+    # mounted again by the revive if the provider that mounted it has stopped
+    on_disk = directory.is_dir() or directory.is_symlink()
+    return directory.parent.resolve() == broker.settings.root.resolve() and on_disk
 
 
 async def _holder_gone(broker: Broker, view: domain.SandboxView) -> bool:

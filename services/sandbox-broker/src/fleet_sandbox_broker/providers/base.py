@@ -26,6 +26,8 @@ class Sandbox(Protocol):
     contexts: set[str]
     # awaited with the sandbox once it has stopped, for whatever reason
     on_stop: list[Callable[[Any], Awaitable[None]]]
+    on_full: list[Callable[[Any, str, str], Awaitable[None]]]
+    """Told (sandbox, "bytes" or "inodes", detail) when its disk quota fills; it runs on."""
 
     @property
     def uid(self) -> int | None: ...

@@ -21,11 +21,12 @@ from fleet_events.sandbox import Capabilities, Limits
 from fleet_sandbox_broker.errors import ForkFailed
 from fleet_sandbox_broker.providers import frames, launch
 from fleet_sandbox_broker.providers.base import Provider, Sandbox
+from fleet_sandbox_broker.providers.disks import FamilyDisks
 from fleet_sandbox_broker.providers.launch import ETC, HIDE, SHOW
 from fleet_sandbox_broker.providers.sandbox import LocalSandbox
 from fleet_sandbox_broker.providers.tasks import host_bound, joining
 from fleet_sandbox_broker.providers.uids import UidPool
-from fleet_sandbox_broker.providers.workspace import clone, make_dirs, remove_dir
+from fleet_sandbox_broker.providers.workspace import clone, make_dirs
 
 __all__ = [
     "ETC", "FAMILY_TASKS", "HIDE", "SHOW", "LocalProvider", "LocalSandbox", "LocalSettings",
@@ -87,6 +88,10 @@ class LocalSettings:
     # `pids.max` (0: half the kernel's pid_max)
     task_cgroup: str = "fleet-rlm-sandboxes"
     host_tasks: int = 0
+    # each fork family's disk quota: a loop-mounted ext4 image of this many MiB with
+    # `max_inodes` inodes (`disks`; 0 turns it off), and how often a sandbox looks at it
+    family_disk_mb: int = 4096
+    disk_check_s: float = 2.0
 
 
 class LocalProvider:
@@ -103,6 +108,8 @@ class LocalProvider:
         os.chmod(private, 0o700)
         self._setup = private / "setup.sh"
         self.tasks = host_bound(settings.task_cgroup, settings.host_tasks)
+        # before the uid scan below: a member's link leads to its files only once mounted
+        self.disks = FamilyDisks(root, settings.family_disk_mb, settings.max_inodes)
         # replaced, never rewritten in place: another broker on this root may be starting a
         # sandbox with it right now
         scratch = private / f".setup-{new_id()}.sh"
@@ -160,10 +167,17 @@ class LocalProvider:
         paths; `revive` starts a new process in an existing sandbox's directory (files kept,
         REPL memory gone), after a broker restart."""
         directory = self.settings.root / sandbox_id
+        if revive:  # its family's filesystem, if it has one, is mounted again if need be
+            await asyncio.to_thread(self.disks.reach, directory)
         uid = await asyncio.to_thread(self._uids.claim, directory)
         mine, theirs = socket.socketpair()
+        placed = False
         try:
-            await asyncio.to_thread(make_dirs, directory, uid, list(mounts or {}), revive)
+            if self.disks.on and not revive:  # a new family, with a filesystem of its own
+                await asyncio.to_thread(self.disks.create_family, sandbox_id)
+                await asyncio.to_thread(self.disks.place, sandbox_id, sandbox_id)
+                placed = True
+            await asyncio.to_thread(make_dirs, directory, uid, list(mounts or {}), revive or placed)
             command = joining(
                 self.tasks,
                 launch.argv(
@@ -176,6 +190,8 @@ class LocalProvider:
         except BaseException:
             mine.close()
             await asyncio.to_thread(self._uids.release, uid)
+            if placed:  # made here, and no process of it ever started
+                await asyncio.to_thread(self.disks.remove, directory)
             raise
         finally:
             theirs.close()  # the process has its own copy
@@ -215,10 +231,10 @@ class LocalProvider:
         self._uids.record(uid, directory)
 
     async def discard(self, sandbox_id: str) -> None:
-        await remove_dir(self.settings.root / sandbox_id)
+        await asyncio.to_thread(self.disks.remove, self.settings.root / sandbox_id)
 
     async def close(self) -> None:
-        pass
+        await asyncio.to_thread(self.disks.unmount_mine)
 
 
 def end_namespace(holder: "subprocess.Popen[bytes]") -> None:

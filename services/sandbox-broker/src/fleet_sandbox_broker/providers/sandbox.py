@@ -29,7 +29,6 @@ from fleet_sandbox_broker.providers.workspace import (
     copy_sandbox_dir,
     count_entries,
     prepare_child_dirs,
-    remove_dir,
 )
 
 if TYPE_CHECKING:
@@ -91,6 +90,10 @@ class LocalSandbox:
         self._inode_last = 0.0
         self.contexts: set[str] = set()
         self.on_stop: list[Callable[[Any], Awaitable[None]]] = []
+        self.on_full: list[Callable[[Any, str, str], Awaitable[None]]] = []
+        """Told (sandbox, "bytes" or "inodes", what to say) when its family's disk fills."""
+        self._full: str | None = None
+        self._disk_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
     # -- state -------------------------------------------------------------------------------
@@ -128,6 +131,9 @@ class LocalSandbox:
             await self.stop(f"did not start within {timeout:g} s", "exited")
             raise SandboxStopped(f"sandbox {self.id} did not start within {timeout:g} s") from None
         self.pid = pid
+        family = self._provider.disks.family_of(self.directory)
+        if family is not None and self._disk_task is None:
+            self._disk_task = asyncio.create_task(self._disk_loop(family), name=f"disk-{self.id}")
         return pid
 
     async def _read(self) -> None:
@@ -332,8 +338,10 @@ class LocalSandbox:
     # -- inodes ------------------------------------------------------------------------------
 
     def _watch_inodes(self) -> None:
-        """Count while cells run and once after each; one count at a time, rate-limited."""
-        if not self.running:
+        """Count while cells run and once after each; one count at a time, rate-limited.
+        A sandbox whose family has a disk quota is not counted: the kernel bounds its inodes
+        (`disks`), and `_disk_loop` says when they run out."""
+        if not self.running or self._disk_task is not None:
             return
         if self._inode_task is not None and not self._inode_task.done():
             self._inode_again = True
@@ -367,6 +375,39 @@ class LocalSandbox:
                 "inodes",
             )
         return found
+
+    # -- the family's disk ----------------------------------------------------------------------
+
+    async def _disk_loop(self, family: str) -> None:
+        """Look at the family's filesystem every `disk_check_s`, cells or not: each time it
+        fills (bytes or inodes), the `on_full` hooks are told once; the sandbox keeps running,
+        its writes refused `ENOSPC` by the kernel until something is deleted."""
+        interval = self._provider.settings.disk_check_s
+        while self.running:
+            await self.check_disk(family)
+            await asyncio.sleep(interval)
+
+    async def check_disk(self, family: str) -> str | None:
+        try:
+            use = await asyncio.to_thread(self._provider.disks.use, family)
+        except OSError:  # unmounted under it (the family's last directory went)
+            return None
+        full = use.full
+        if full is not None and full != self._full and self.running:
+            detail = (
+                f"the fork family's disk quota of {self._provider.disks.disk_mb} MiB is full "
+                f"({use.bytes_used / (1024 * 1024):.1f} MiB of files)"
+                if full == "bytes"
+                else f"the fork family's quota of {use.inodes_quota} files and directories is full"
+            )
+            detail += "; writes fail with ENOSPC until files are deleted, the sandbox runs on"
+            for hook in self.on_full:
+                try:
+                    await hook(self, full, detail)
+                except Exception:
+                    log.exception("a disk-full hook failed", extra={"sandbox": self.id})
+        self._full = full
+        return full
 
     def executing(self, context: str) -> bool:
         return any(p.context == context for p in self._execs.values())
@@ -442,7 +483,10 @@ class LocalSandbox:
         provider = self._provider
         child_dir = provider.settings.root / child_id
         await asyncio.to_thread(provider.record_uid, self.uid, child_dir)
-        await asyncio.to_thread(prepare_child_dirs, child_dir, self.uid)
+        family = provider.disks.family_of(self.directory)
+        if family is not None:  # in the family's filesystem: its quota covers the fork too
+            await asyncio.to_thread(provider.disks.place, family, child_id)
+        await asyncio.to_thread(prepare_child_dirs, child_dir, self.uid, family is not None)
         copy: asyncio.Task[None] | None = None
         mine, theirs = socket.socketpair()
         child = LocalSandbox(
@@ -478,7 +522,7 @@ class LocalSandbox:
                 copy.cancel()
             self._waiters.pop(key, None)
             await child.stop("fork failed", "exited")
-            await remove_dir(child_dir)
+            await asyncio.to_thread(provider.disks.remove, child_dir)
             raise
         if not owned_by(pid, self.uid):
             await child.stop("the forked child reported a process that is not its own", "protocol")
@@ -515,6 +559,8 @@ class LocalSandbox:
             self._reader.cancel()
         if self._inode_task is not None and self._inode_task is not asyncio.current_task():
             self._inode_task.cancel()
+        if self._disk_task is not None and self._disk_task is not asyncio.current_task():
+            self._disk_task.cancel()
         self._channel.close()
         if not self._ready.done():
             self._ready.set_exception(SandboxStopped(reason))
@@ -545,7 +591,7 @@ class LocalSandbox:
 
     async def destroy(self) -> None:
         await self.stop("deleted", "exited")
-        await remove_dir(self.directory)
+        await asyncio.to_thread(self._provider.disks.remove, self.directory)
 
 
 def _reply(frame: frames.ExecOutcome) -> ExecuteReply:

@@ -75,9 +75,11 @@ def make_dirs(directory: Path, uid: int, mountpoints: list[str], revive: bool) -
     os.chmod(directory, 0o711)  # noqa: S103 - traversable only
 
 
-def prepare_child_dirs(directory: Path, uid: int) -> None:
-    """What a forked child needs before it starts: its workspace and tmp, empty."""
-    directory.mkdir(mode=0o711)
+def prepare_child_dirs(directory: Path, uid: int, placed: bool = False) -> None:
+    """What a forked child needs before it starts: its workspace and tmp, empty. `placed`:
+    its directory is made already, in its family's filesystem (`disks.FamilyDisks.place`)."""
+    if not placed:
+        directory.mkdir(mode=0o711)
     for sub in ("workspace", "tmp"):
         (directory / sub).mkdir(mode=0o700)
         os.chown(directory / sub, uid, uid)

@@ -308,6 +308,7 @@ class DaytonaSandbox:
         self.limits = limits
         self.contexts: set[str] = set()
         self.on_stop: list[Callable[[Any], Awaitable[None]]] = []
+        self.on_full: list[Callable[[Any, str, str], Awaitable[None]]] = []  # Daytona's own disk
         self._provider = provider
         self._remote_contexts: dict[str, Any] = {}
         self._known: dict[str, str] = {}  # variable digest -> JSON text, as the local runner keeps

@@ -62,6 +62,9 @@ def start_broker(url: str, root: Path, fake: DaytonaFake | None) -> subprocess.P
         }
     if "PYTHONPATH" in os.environ:  # to compare against another checkout's services
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    # to compare the broker's settings side by side (FLEET_SANDBOX_FAMILY_DISK_MB=0 against
+    # the default): the caller's FLEET_SANDBOX_* reach the broker, over the bench's own
+    env |= {k: v for k, v in os.environ.items() if k.startswith("FLEET_SANDBOX_")}
     log = open(root / "broker.log", "ab")  # noqa: SIM115 - lives as long as the broker
     return subprocess.Popen(
         [sys.executable, "-m", "fleet_sandbox_broker"], env=env, stdout=log, stderr=log

@@ -21,7 +21,7 @@ from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.natsserver import NatsServer
 from fleet_sandbox_broker.config import BrokerSettings
-from fleet_sandbox_broker.providers.local import family_nproc
+from fleet_sandbox_broker.providers.local import family_nproc, member_tasks
 
 from .conftest import BROKER_SECRET
 
@@ -243,11 +243,13 @@ def test_a_memory_bomb_hits_the_memory_limit(make: MakeBox, bus: SandboxBus) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("fork_ready", [False, True])
 def test_the_process_limit_caps_forks(make: MakeBox, fork_ready: bool) -> None:
-    """A sandbox that cannot fork is capped at its `nproc`; a fork-ready one at the limit of
-    the largest fork family it may head (its forks share its uid: docs/sandboxes.md, "Fork
-    families"), which is bounded too."""
+    """A sandbox that cannot fork is capped at its `nproc`. A fork-ready one's process limit
+    is the largest fork family's it may head (its forks share its uid: docs/sandboxes.md,
+    "Fork families"), but its own cgroup bounds it at its own allowance (`member_tasks`), so
+    it cannot take its future forks' share."""
     box = make(Limits(nproc=12), fork_ready=fork_ready)
-    cap = family_nproc(12, BrokerSettings().family_max) if fork_ready else 12
+    assert family_nproc(12, BrokerSettings().family_max) > 300
+    cap = member_tasks(12) if fork_ready else 12
     code = """
 import os, signal
 children, error = [], None

@@ -10,9 +10,11 @@ host shares)."""
 import asyncio
 from pathlib import Path
 
+import msgspec
+
 from fleet_events import new_id
 from fleet_harness.waits import eventually
-from fleet_sandbox_broker.providers.local import LocalSandbox, family_nproc
+from fleet_sandbox_broker.providers.local import LocalSandbox, family_nproc, member_tasks
 
 from .provider_kit import LIMITS, provider, run, uid_block, value
 from .test_fork_family import BOMB
@@ -44,7 +46,8 @@ async def test_a_fork_bomb_stops_at_the_host_bound_before_its_familys_own(tmp_pa
             calm = await local.create("calm", LIMITS)
             boxes.append(calm)
             assert value(await run(calm, FORKS)) == 5
-            bomb = await local.create("bomb", LIMITS)
+            # its own allowance past the host bound: the host bound is what stops it
+            bomb = await local.create("bomb", msgspec.structs.replace(LIMITS, nproc=300))
             boxes.append(bomb)
             made = value(await run(bomb, BOMB))
             assert family_nproc(LIMITS.nproc, local.settings.family_max) > 400
@@ -57,4 +60,43 @@ async def test_a_fork_bomb_stops_at_the_host_bound_before_its_familys_own(tmp_pa
         finally:
             for box in boxes:
                 await box.destroy()
+            await eventually(lambda: removed(group), timeout=30, what=f"{group} emptied")
+
+
+async def test_one_members_fork_bomb_leaves_its_parent_and_sibling_forking(tmp_path: Path) -> None:
+    """L6: a fork family shares one uid, so one process limit (`family_nproc`, 412 here): one
+    member's bomb took all of it, and its parent and siblings could start nothing. Each member
+    now has a cgroup of its own under the host's, bounded at its own allowance."""
+    name = f"fleet-test-{new_id()[:12]}"
+    async with provider(tmp_path, UID_BASE + 200, task_cgroup=name, host_tasks=2000) as local:
+        procs = local.tasks.procs
+        assert procs is not None, local.tasks.why
+        group = procs.parent
+        boxes: list[LocalSandbox] = []
+        try:
+            parent = await local.create("parent", LIMITS)
+            boxes.append(parent)
+            assert value(await run(parent, "base = 41\nbase")) == 41
+            bomber = await local.fork(parent, "bomber")
+            boxes.append(bomber)
+            sibling = await local.fork(parent, "sibling")
+            boxes.append(sibling)
+            own = member_tasks(LIMITS.nproc)
+            for box in boxes:
+                assert int((group / box.id / "pids.max").read_text()) == own
+                assert str(box.pid) in (group / box.id / "cgroup.procs").read_text().split()
+            made = value(await run(bomber, BOMB))
+            assert 0 < made < own  # its own bound, not the family's 412
+            assert family_nproc(LIMITS.nproc, local.settings.family_max) > 400
+            assert value(await run(parent, FORKS)) == 5
+            assert value(await run(sibling, FORKS)) == 5
+            assert value(await run(sibling, "base + 1")) == 42
+        finally:
+            for box in reversed(boxes):
+                await box.destroy()
+            members = [group / box.id for box in boxes]
+            await eventually(
+                lambda: all(removed(member) for member in members), timeout=30,
+                what="the members' cgroups removed",
+            )  # fmt: skip
             await eventually(lambda: removed(group), timeout=30, what=f"{group} emptied")

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,18 +25,26 @@ from fleet_sandbox_broker.providers.base import Provider, Sandbox
 from fleet_sandbox_broker.providers.disks import FamilyDisks
 from fleet_sandbox_broker.providers.launch import ETC, HIDE, SHOW
 from fleet_sandbox_broker.providers.sandbox import LocalSandbox
-from fleet_sandbox_broker.providers.tasks import host_bound, joining
+from fleet_sandbox_broker.providers.tasks import (
+    FAMILY_TASKS,
+    drop_member,
+    host_bound,
+    joining,
+    member_group,
+    member_tasks,
+    sweep_members,
+)
 from fleet_sandbox_broker.providers.uids import UidPool
 from fleet_sandbox_broker.providers.workspace import clone, make_dirs
 
 __all__ = [
     "ETC", "FAMILY_TASKS", "HIDE", "SHOW", "LocalProvider", "LocalSandbox", "LocalSettings",
-    "family_nproc",
+    "family_nproc", "member_tasks",
 ]  # fmt: skip
 
-FAMILY_TASKS = 4
-"""Tasks one member of a fork family holds on its own: the sandbox's process, its cell
-thread, its checkpoint copy and a retiring copy (measured: 3, one spare)."""
+MEMBER_DROP_TRIES = 100
+MEMBER_DROP_EVERY_S = 0.05
+"""A stopped member's cgroup is removed once its killed processes are gone (up to 5 s)."""
 
 
 def family_nproc(nproc: int, family_max: int) -> int:
@@ -108,6 +117,7 @@ class LocalProvider:
         os.chmod(private, 0o700)
         self._setup = private / "setup.sh"
         self.tasks = host_bound(settings.task_cgroup, settings.host_tasks)
+        sweep_members(self.tasks, time.time())  # what killed brokers left, empty
         # before the uid scan below: a member's link leads to its files only once mounted
         self.disks = FamilyDisks(root, settings.family_disk_mb, settings.max_inodes)
         # replaced, never rewritten in place: another broker on this root may be starting a
@@ -127,6 +137,24 @@ class LocalProvider:
         # per family: the process that holds its pid namespace (`unshare`, in a process group
         # of its own with the namespace's init)
         self._namespaces: dict[int, subprocess.Popen[bytes]] = {}
+        self._drops: set[asyncio.Task[None]] = set()
+
+    def drop_member_later(self, sandbox_id: str) -> None:
+        """Remove a stopped member's cgroup once its killed processes are gone (bounded: a
+        process that escaped its group keeps it until the family's namespace ends)."""
+        if self.tasks.procs is None:
+            return
+        procs = self.tasks.procs.parent / sandbox_id / "cgroup.procs"
+
+        async def drop() -> None:
+            for _ in range(MEMBER_DROP_TRIES):
+                if await asyncio.to_thread(drop_member, procs):
+                    return
+                await asyncio.sleep(MEMBER_DROP_EVERY_S)
+
+        task = asyncio.get_running_loop().create_task(drop(), name=f"cgroup-{sandbox_id}")
+        self._drops.add(task)
+        task.add_done_callback(self._drops.discard)
 
     def family_join(self, uid: int) -> None:
         self._families[uid] = self._families.get(uid, 0) + 1
@@ -178,8 +206,11 @@ class LocalProvider:
                 await asyncio.to_thread(self.disks.place, sandbox_id, sandbox_id)
                 placed = True
             await asyncio.to_thread(make_dirs, directory, uid, list(mounts or {}), revive or placed)
+            own = await asyncio.to_thread(
+                member_group, self.tasks, sandbox_id, member_tasks(limits.nproc)
+            )
             command = joining(
-                self.tasks,
+                own or self.tasks.procs,
                 launch.argv(
                     self._setup, self.settings.root, self.settings.show, self.settings.hide,
                     mounts or {}, directory, uid, self.settings.python,

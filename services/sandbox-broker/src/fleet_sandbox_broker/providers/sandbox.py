@@ -25,6 +25,7 @@ from fleet_sandbox_broker.providers import frames
 from fleet_sandbox_broker.providers.base import OutputSink, ToolRelay
 from fleet_sandbox_broker.providers.files import read_in, write_in
 from fleet_sandbox_broker.providers.launch import sandbox_env
+from fleet_sandbox_broker.providers.tasks import member_group, member_tasks, move_into
 from fleet_sandbox_broker.providers.workspace import (
     copy_sandbox_dir,
     count_entries,
@@ -527,8 +528,19 @@ class LocalSandbox:
         if not owned_by(pid, self.uid):
             await child.stop("the forked child reported a process that is not its own", "protocol")
             raise ForkFailed(f"fork of sandbox {self.id} failed: the child misreported itself")
+        await child._bound_own_tasks(pid)
         child.contexts = set(self.contexts)
         return child
+
+    async def _bound_own_tasks(self, pid: int) -> None:
+        """A fork starts in its parent's cgroup (it was made inside the parent): moved into
+        one of its own while it idles, its bomb stops at its own bound (`tasks`)."""
+        provider = self._provider
+        own = await asyncio.to_thread(
+            member_group, provider.tasks, self.id, member_tasks(self.limits.nproc)
+        )
+        if own is not None and not await asyncio.to_thread(move_into, own, pid):
+            log.warning("a fork stays in its parent's task bound", extra={"sandbox": self.id})
 
     # -- files -------------------------------------------------------------------------------
 
@@ -576,6 +588,7 @@ class LocalSandbox:
         if self.pid is not None:
             # the family's last member takes its pid namespace with it (local.py)
             await self._provider.family_leave(self.uid)
+        self._provider.drop_member_later(self.id)
         for hook in self.on_stop:
             await hook(self)
 

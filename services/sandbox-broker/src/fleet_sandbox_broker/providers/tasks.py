@@ -9,6 +9,8 @@ or the unified one (v2, with the pids controller enabled for its children); wher
 be written (no root, no delegation) there is no host bound, and the broker says so at start.
 """
 
+import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,10 @@ def host_bound(name: str, limit: int, *, v1: Path = V1, v2: Path = V2) -> TaskBo
         (group / "pids.max").write_text(str(limit))
     except OSError as exc:
         return TaskBound(None, 0, f"cannot set up the pids cgroup {group}: {exc.strerror}")
+    subtree = group / "cgroup.subtree_control"  # v2: members' own limits need it enabled
+    if subtree.exists():
+        with contextlib.suppress(OSError):  # refused while the group holds processes itself
+            subtree.write_text("+pids")
     return TaskBound(group / "cgroup.procs", limit)
 
 
@@ -58,12 +64,126 @@ def _pids_root(v1: Path, v2: Path) -> Path | None:
     return None
 
 
-def joining(bound: TaskBound, command: list[str]) -> list[str]:
-    """`command`, started by a shell that first moves itself into the cgroup (so every process
-    it becomes or starts is counted there from its first instruction)."""
-    if bound.procs is None:
+def joining(procs: Path | None, command: list[str]) -> list[str]:
+    """`command`, started by a shell that first moves itself into the cgroup whose
+    `cgroup.procs` is `procs` (so every process it becomes or starts is counted there from its
+    first instruction)."""
+    if procs is None:
         return command
-    return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(bound.procs), *command]
+    return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *command]
 
 
-__all__ = ["TaskBound", "host_bound", "joining"]
+# -- one member's own bound -------------------------------------------------------------------
+#
+# Inside the host's cgroup each sandbox (each member of a fork family) has a cgroup of its own,
+# `<host group>/<sandbox id>`, whose `pids.max` is the member's own allowance: one member's fork
+# bomb stops there and leaves its parent and siblings the rest of the family's process limit
+# (L6). A root sandbox's process joins its own at start; a fork, made inside its parent (so in
+# the parent's cgroup), is moved into its own by the broker once it reports its pid, while it
+# still idles. Where there is no host cgroup there are no member cgroups either (`why`).
+
+
+FAMILY_TASKS = 4
+"""Tasks one member of a fork family holds on its own: the sandbox's process, its cell
+thread, its checkpoint copy and a retiring copy (measured: 3, one spare)."""
+
+
+def member_tasks(nproc: int) -> int:
+    """One member's own bound on tasks (its cgroup's `pids.max`, `tasks.member_group`): the
+    allowance of its code and its own tasks. A member's fork bomb stops there, the family's
+    process limit keeps room for every other member's."""
+    return nproc + FAMILY_TASKS
+
+
+def member_group(bound: TaskBound, sandbox_id: str, limit: int) -> Path | None:
+    """`<host group>/<sandbox_id>` with `pids.max` = `limit`, made; its `cgroup.procs` (None:
+    no host cgroup, or it cannot be made: the member draws on the host group only)."""
+    if bound.procs is None:
+        return None
+    group = bound.procs.parent / sandbox_id
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "pids.max").write_text(str(limit))
+    except OSError:
+        return None
+    return group / "cgroup.procs"
+
+
+def move_into(procs: Path, pid: int) -> bool:
+    """Move `pid` and every process below it into the cgroup of `procs` (cgroup v1 and v2
+    both move a whole thread group per write); False when the kernel refused one."""
+    moved = True
+    for each in [pid, *_descendants(pid)]:
+        try:
+            procs.write_text(str(each))
+        except ProcessLookupError:
+            continue  # gone meanwhile: nothing left to bound
+        except OSError:
+            moved = False
+    return moved
+
+
+def drop_member(procs: Path | None) -> bool:
+    """Remove a member's cgroup once its processes are gone (False while some remain)."""
+    if procs is None:
+        return True
+    try:
+        procs.parent.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+STALE_MEMBER_S = 60.0
+
+
+def sweep_members(bound: TaskBound, now: float) -> int:
+    """Remove member cgroups left empty by brokers that died (a SIGKILL leaves them): only
+    those older than `STALE_MEMBER_S`, so a member made a moment ago by another broker on the
+    host, whose process is about to join it, is never taken from under it. Returns how many."""
+    if bound.procs is None:
+        return 0
+    removed = 0
+    try:
+        entries = list(os.scandir(bound.procs.parent))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if now - entry.stat(follow_symlinks=False).st_mtime < STALE_MEMBER_S:
+                continue
+            os.rmdir(entry.path)  # refused while a process is in it
+            removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                kids = Path(f"/proc/{parent}/task/{task}/children").read_text().split()
+            except OSError:
+                continue
+            for kid in kids:
+                found.append(int(kid))
+                stack.append(int(kid))
+    return found
+
+
+__all__ = [
+    "FAMILY_TASKS", "TaskBound", "drop_member", "host_bound", "joining", "member_group",
+    "member_tasks", "move_into", "sweep_members",
+]  # fmt: skip

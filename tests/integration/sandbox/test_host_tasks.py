@@ -100,3 +100,56 @@ async def test_one_members_fork_bomb_leaves_its_parent_and_sibling_forking(tmp_p
                 what="the members' cgroups removed",
             )  # fmt: skip
             await eventually(lambda: removed(group), timeout=30, what=f"{group} emptied")
+
+
+async def test_one_tenants_bombs_fill_its_own_bound_and_another_tenant_keeps_forking(
+    tmp_path: Path,
+) -> None:
+    """Three of tenant A's sandboxes each bomb up to their own bound (36): together they would
+    fill the host's 100, and tenant B's sandbox could start nothing. A's group bounds them at
+    50 together; B forks on."""
+    name = f"fleet-test-{new_id()[:12]}"
+    async with provider(
+        tmp_path, UID_BASE + 300, task_cgroup=name, host_tasks=100, tenant_tasks=50
+    ) as local:
+        procs = local.tasks.procs
+        assert procs is not None, local.tasks.why
+        group = procs.parent
+        boxes: list[LocalSandbox] = []
+        try:
+            theirs = []
+            for index in range(3):
+                box = await local.create(f"a{index}", LIMITS)
+                boxes.append(box)
+                await box.bind_tenant("t-a")  # as the broker does when it adopts a sandbox
+                theirs.append(box)
+            other = await local.create("b0", LIMITS)
+            boxes.append(other)
+            await other.bind_tenant("t-b")
+            tenant_a = group / "tenant-t-a"
+            assert int((tenant_a / "pids.max").read_text()) == 50
+            for box in theirs:
+                assert box.group == tenant_a / box.id
+                assert str(box.pid) in (tenant_a / box.id / "cgroup.procs").read_text().split()
+            assert not (group / "a0").exists()  # moved: its start group is gone
+            fork = await local.fork(theirs[0], "a0-fork")  # a fork stays its tenant's
+            boxes.append(fork)
+            assert fork.group == tenant_a / "a0-fork"
+            # a bomb that finds its tenant's bound full may stop its own sandbox (it cannot
+            # start its checkpoint copy after the cell): the tenant's own, and said so
+            replies = [await run(box, BOMB) for box in theirs]
+            assert replies[0].kind == "result"
+            for reply in replies[1:]:
+                assert (reply.kind, reply.error) in {
+                    ("result", ""),
+                    ("terminal", "the sandbox process exited"),
+                }, reply
+            assert int((tenant_a / "pids.current").read_text()) <= 50
+            assert 3 * member_tasks(LIMITS.nproc) > 50  # unbounded, they would take the host's
+            assert value(await run(other, FORKS)) == 5  # another tenant's sandbox forks on
+            assert int((group / "pids.current").read_text()) < 100
+        finally:
+            for box in reversed(boxes):
+                await box.destroy()
+            await eventually(lambda: removed(group / "tenant-t-a" / "a0"), timeout=30,
+                             what="a0's cgroup")  # fmt: skip

@@ -134,6 +134,7 @@ async def _local(ctx: service.ServiceContext, settings: BrokerSettings) -> Provi
             task_cgroup=settings.task_cgroup,
             host_tasks=settings.host_tasks,
             family_disk_mb=settings.family_disk_mb,
+            tenant_tasks=settings.tenant_tasks,
             disk_check_s=settings.disk_check_s,
         )
     )

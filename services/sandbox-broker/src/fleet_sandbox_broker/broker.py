@@ -228,6 +228,7 @@ class Broker:
     async def adopt(self, tenant: str, box: Sandbox, labels: dict[str, str],
                     parent: str | None, spec: domain.Spec, provider: str = "") -> Held:  # fmt: skip
         held = Held(tenant, box, labels, parent, spec, provider=provider or self.provider.name)
+        await box.bind_tenant(tenant)  # its tasks count against its tenant's bound from now
         self.held[box.id] = held
         box.on_stop.append(lambda stopped: self._on_stop(stopped, held))
         box.on_full.append(lambda full, limit, detail: self._on_full(full, held, limit, detail))

@@ -47,6 +47,8 @@ class BrokerSettings(BaseSettings):
     # pids.max bounds them together (0: half the kernel's pid_max); "" turns it off
     task_cgroup: str = Field(default="fleet-rlm-sandboxes", pattern=r"^[A-Za-z0-9_.-]{0,64}$")
     host_tasks: int = Field(default=0, ge=0)
+    # tasks all of one tenant's sandboxes may hold together (0: a quarter of the host bound)
+    tenant_tasks: int = Field(default=0, ge=0)
     # each fork family's disk: a loop-mounted ext4 image of this many MiB, `max_inodes` inodes
     # (`providers.disks`; 0 turns it off), looked at every `disk_check_s`
     family_disk_mb: int = Field(default=4096, ge=0, le=1024 * 1024)

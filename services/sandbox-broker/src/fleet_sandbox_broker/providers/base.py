@@ -72,6 +72,10 @@ class Sandbox(Protocol):
 
     async def read_file(self, path: str, max_bytes: int) -> bytes: ...
 
+    async def bind_tenant(self, tenant: str) -> None:
+        """Count the sandbox's tasks against its tenant's bound from now on (a pooled sandbox
+        has no tenant when it starts); never raises."""
+
     async def stop(self, reason: str, limit: str = "exited") -> None: ...
 
     async def destroy(self) -> None: ...

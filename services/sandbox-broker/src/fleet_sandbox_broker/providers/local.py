@@ -100,6 +100,8 @@ class LocalSettings:
     # each fork family's disk quota: a loop-mounted ext4 image of this many MiB with
     # `max_inodes` inodes (`disks`; 0 turns it off), and how often a sandbox looks at it
     family_disk_mb: int = 4096
+    # tasks all of one tenant's sandboxes may hold together (0: a quarter of `host_tasks`)
+    tenant_tasks: int = 0
     disk_check_s: float = 2.0
 
 
@@ -139,12 +141,17 @@ class LocalProvider:
         self._namespaces: dict[int, subprocess.Popen[bytes]] = {}
         self._drops: set[asyncio.Task[None]] = set()
 
-    def drop_member_later(self, sandbox_id: str) -> None:
+    @property
+    def tenant_tasks(self) -> int:
+        """Tasks all of one tenant's sandboxes may hold together (`tasks.tenant_group`)."""
+        return self.settings.tenant_tasks or max(1, self.tasks.limit // 4)
+
+    def drop_member_later(self, group: Path | None) -> None:
         """Remove a stopped member's cgroup once its killed processes are gone (bounded: a
         process that escaped its group keeps it until the family's namespace ends)."""
-        if self.tasks.procs is None:
+        if group is None:
             return
-        procs = self.tasks.procs.parent / sandbox_id / "cgroup.procs"
+        procs = group / "cgroup.procs"
 
         async def drop() -> None:
             for _ in range(MEMBER_DROP_TRIES):
@@ -152,7 +159,7 @@ class LocalProvider:
                     return
                 await asyncio.sleep(MEMBER_DROP_EVERY_S)
 
-        task = asyncio.get_running_loop().create_task(drop(), name=f"cgroup-{sandbox_id}")
+        task = asyncio.get_running_loop().create_task(drop(), name=f"cgroup-{group.name}")
         self._drops.add(task)
         task.add_done_callback(self._drops.discard)
 
@@ -200,6 +207,7 @@ class LocalProvider:
         uid = await asyncio.to_thread(self._uids.claim, directory)
         mine, theirs = socket.socketpair()
         placed = False
+        own: Path | None = None
         try:
             if self.disks.on and not revive:  # a new family, with a filesystem of its own
                 await asyncio.to_thread(self.disks.create_family, sandbox_id)
@@ -230,6 +238,7 @@ class LocalProvider:
         self._namespaces[uid] = process
         channel = frames.Channel(mine, self.settings.max_frame)
         sandbox = LocalSandbox(self, sandbox_id, uid, limits, channel, process)
+        sandbox.group = own.parent if own is not None else None
         sandbox.start_reading()
         try:
             nproc = (

@@ -15,6 +15,7 @@ import socket
 import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet_events.envelope import new_id
@@ -25,7 +26,13 @@ from fleet_sandbox_broker.providers import frames
 from fleet_sandbox_broker.providers.base import OutputSink, ToolRelay
 from fleet_sandbox_broker.providers.files import read_in, write_in
 from fleet_sandbox_broker.providers.launch import sandbox_env
-from fleet_sandbox_broker.providers.tasks import member_group, member_tasks, move_into
+from fleet_sandbox_broker.providers.tasks import (
+    member_group,
+    member_tasks,
+    move_group,
+    move_into,
+    tenant_group,
+)
 from fleet_sandbox_broker.providers.workspace import (
     copy_sandbox_dir,
     count_entries,
@@ -94,6 +101,8 @@ class LocalSandbox:
         self.on_full: list[Callable[[Any, str, str], Awaitable[None]]] = []
         """Told (sandbox, "bytes" or "inodes", what to say) when its family's disk fills."""
         self._full: str | None = None
+        self.group: Path | None = None
+        """Its own pids cgroup (`tasks.member_group`; None: none could be made)."""
         self._disk_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
@@ -528,19 +537,51 @@ class LocalSandbox:
         if not owned_by(pid, self.uid):
             await child.stop("the forked child reported a process that is not its own", "protocol")
             raise ForkFailed(f"fork of sandbox {self.id} failed: the child misreported itself")
-        await child._bound_own_tasks(pid)
+        await child._bound_own_tasks(pid, self)
         child.contexts = set(self.contexts)
         return child
 
-    async def _bound_own_tasks(self, pid: int) -> None:
+    async def _bound_own_tasks(self, pid: int, parent: "LocalSandbox") -> None:
         """A fork starts in its parent's cgroup (it was made inside the parent): moved into
-        one of its own while it idles, its bomb stops at its own bound (`tasks`)."""
+        one of its own, beside its parent's (under the same tenant's), while it idles; its
+        bomb stops at its own bound (`tasks`)."""
         provider = self._provider
+        under = parent.group.parent if parent.group is not None else None
         own = await asyncio.to_thread(
-            member_group, provider.tasks, self.id, member_tasks(self.limits.nproc)
+            member_group, provider.tasks, self.id, member_tasks(self.limits.nproc), under
         )
-        if own is not None and not await asyncio.to_thread(move_into, own, pid):
+        if own is None:
+            return
+        if not await asyncio.to_thread(move_into, own, pid):
             log.warning("a fork stays in its parent's task bound", extra={"sandbox": self.id})
+        self.group = own.parent
+
+    async def bind_tenant(self, tenant: str) -> None:
+        """Put the sandbox's own cgroup under its tenant's (`tasks.tenant_group`): a pooled or
+        revived sandbox started under the host's alone. Never raises: a sandbox that cannot be
+        moved stays bounded by its own and the host's bounds."""
+        provider = self._provider
+        if self.group is None or not self.running:
+            return
+        try:
+            tenant_dir = await asyncio.to_thread(
+                tenant_group, provider.tasks, tenant, provider.tenant_tasks
+            )
+            if tenant_dir is None or self.group.parent == tenant_dir:
+                return
+            own = await asyncio.to_thread(
+                member_group, provider.tasks, self.id, member_tasks(self.limits.nproc),
+                tenant_dir,
+            )  # fmt: skip
+            if own is None:
+                return
+            if not await asyncio.to_thread(move_group, self.group, own.parent):
+                log.warning("a sandbox stays outside its tenant's task bound",
+                            extra={"sandbox": self.id})  # fmt: skip
+            self.group = own.parent
+        except OSError:
+            log.exception("could not bound a sandbox's tasks by its tenant's",
+                          extra={"sandbox": self.id})  # fmt: skip
 
     # -- files -------------------------------------------------------------------------------
 
@@ -588,7 +629,7 @@ class LocalSandbox:
         if self.pid is not None:
             # the family's last member takes its pid namespace with it (local.py)
             await self._provider.family_leave(self.uid)
-        self._provider.drop_member_later(self.id)
+        self._provider.drop_member_later(self.group)
         for hook in self.on_stop:
             await hook(self)
 

@@ -10,7 +10,9 @@ be written (no root, no delegation) there is no host bound, and the broker says 
 """
 
 import contextlib
+import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,18 +97,77 @@ def member_tasks(nproc: int) -> int:
     return nproc + FAMILY_TASKS
 
 
-def member_group(bound: TaskBound, sandbox_id: str, limit: int) -> Path | None:
-    """`<host group>/<sandbox_id>` with `pids.max` = `limit`, made; its `cgroup.procs` (None:
-    no host cgroup, or it cannot be made: the member draws on the host group only)."""
+def member_group(
+    bound: TaskBound, sandbox_id: str, limit: int, under: Path | None = None
+) -> Path | None:
+    """`<under>/<sandbox_id>` (`under`: a tenant's group, or the host group itself) with
+    `pids.max` = `limit`, made; its `cgroup.procs` (None: no host cgroup, or it cannot be made:
+    the member draws on the groups above it only)."""
     if bound.procs is None:
         return None
-    group = bound.procs.parent / sandbox_id
+    group = (under or bound.procs.parent) / sandbox_id
     try:
         group.mkdir(exist_ok=True)
         (group / "pids.max").write_text(str(limit))
     except OSError:
         return None
     return group / "cgroup.procs"
+
+
+# -- a tenant's bound ---------------------------------------------------------------------------
+#
+# Between the host's group and its members, each tenant has a group of its own,
+# `<host group>/tenant-<name>`, whose `pids.max` bounds all of that tenant's sandboxes
+# together: one tenant's bombs fill its own bound, never the host's, and other tenants' sandboxes
+# keep starting tasks. A pooled sandbox belongs to no tenant when it starts (its member group is
+# right under the host's); it is moved under its tenant's when the broker hands it out
+# (`LocalSandbox.bind_tenant`), its forks are made under their parent's tenant.
+
+TENANT_PREFIX = "tenant-"
+_PLAIN_TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def tenant_group(bound: TaskBound, tenant: str, limit: int) -> Path | None:
+    """The group of `tenant`'s sandboxes with `pids.max` = `limit`, made (None: no host
+    cgroup, or it cannot be made)."""
+    if bound.procs is None:
+        return None
+    name = (
+        tenant
+        if _PLAIN_TENANT.fullmatch(tenant)
+        else hashlib.sha256(tenant.encode()).hexdigest()[:32]
+    )
+    group = bound.procs.parent / f"{TENANT_PREFIX}{name}"
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "pids.max").write_text(str(limit))
+    except OSError:
+        return None
+    subtree = group / "cgroup.subtree_control"  # v2, as the host group
+    if subtree.exists():
+        with contextlib.suppress(OSError):
+            subtree.write_text("+pids")
+    return group
+
+
+def move_group(old: Path, new: Path) -> bool:
+    """Move every process of the cgroup `old` (its `cgroup.procs`) into `new`, then remove
+    `old`; False when the kernel refused a move (those stay where they were)."""
+    try:
+        pids = (old / "cgroup.procs").read_text().split()
+    except OSError:
+        return False
+    moved = True
+    for pid in pids:
+        try:
+            (new / "cgroup.procs").write_text(pid)
+        except ProcessLookupError:
+            continue
+        except OSError:
+            moved = False
+    with contextlib.suppress(OSError):
+        old.rmdir()
+    return moved
 
 
 def move_into(procs: Path, pid: int) -> bool:
@@ -145,18 +206,24 @@ def sweep_members(bound: TaskBound, now: float) -> int:
     host, whose process is about to join it, is never taken from under it. Returns how many."""
     if bound.procs is None:
         return 0
+    return _sweep(bound.procs.parent, now)
+
+
+def _sweep(group: Path, now: float) -> int:
     removed = 0
     try:
-        entries = list(os.scandir(bound.procs.parent))
+        entries = list(os.scandir(group))
     except OSError:
         return 0
     for entry in entries:
         try:
             if not entry.is_dir(follow_symlinks=False):
                 continue
+            if entry.name.startswith(TENANT_PREFIX):  # its members first
+                removed += _sweep(Path(entry.path), now)
             if now - entry.stat(follow_symlinks=False).st_mtime < STALE_MEMBER_S:
                 continue
-            os.rmdir(entry.path)  # refused while a process is in it
+            os.rmdir(entry.path)  # refused while a process (or a member group) is in it
             removed += 1
         except OSError:
             continue
@@ -185,5 +252,5 @@ def _descendants(pid: int) -> list[int]:
 
 __all__ = [
     "FAMILY_TASKS", "TaskBound", "drop_member", "host_bound", "joining", "member_group",
-    "member_tasks", "move_into", "sweep_members",
+    "member_tasks", "move_group", "move_into", "sweep_members", "tenant_group",
 ]  # fmt: skip

@@ -543,6 +543,9 @@ class DaytonaSandbox:
             raise TooLarge(f"{path} is {len(data)} bytes, over the {max_bytes} byte read limit")
         return bytes(data)
 
+    async def bind_tenant(self, tenant: str) -> None:
+        """Nothing: a Daytona sandbox's tasks are bounded by its own VM."""
+
     async def stop(self, reason: str, limit: str = "exited") -> None:
         if self._stopped is not None:
             return

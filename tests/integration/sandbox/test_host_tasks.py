@@ -122,10 +122,12 @@ async def test_one_tenants_bombs_fill_its_own_bound_and_another_tenant_keeps_for
                 box = await local.create(f"a{index}", LIMITS)
                 boxes.append(box)
                 await box.bind_tenant("t-a")  # as the broker does when it adopts a sandbox
+                assert value(await run(box, "1")) == 1  # its first cell waits for the move
                 theirs.append(box)
             other = await local.create("b0", LIMITS)
             boxes.append(other)
             await other.bind_tenant("t-b")
+            assert value(await run(other, "1")) == 1
             tenant_a = group / "tenant-t-a"
             assert int((tenant_a / "pids.max").read_text()) == 50
             for box in theirs:

@@ -31,7 +31,6 @@ from fleet_sandbox_broker.providers.tasks import (
     member_tasks,
     move_group,
     move_into,
-    tenant_group,
 )
 from fleet_sandbox_broker.providers.workspace import (
     copy_sandbox_dir,
@@ -103,6 +102,7 @@ class LocalSandbox:
         self._full: str | None = None
         self.group: Path | None = None
         """Its own pids cgroup (`tasks.member_group`; None: none could be made)."""
+        self._binding: asyncio.Task[None] | None = None
         self._disk_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
@@ -292,6 +292,7 @@ class LocalSandbox:
             self._waiters.pop(key, None)
 
     async def open_context(self, context: str) -> None:
+        await self._bound_to_tenant()
         req = new_id()
         await self._request(frames.Open(ctx=context, req=req), req, 10)
         self.contexts.add(context)
@@ -319,6 +320,7 @@ class LocalSandbox:
     ) -> ExecuteReply:
         """`on_output`: handed what the cell prints while it runs (at most every 100 ms)."""
         self._check_running()
+        await self._bound_to_tenant()
         exec_id = new_id()
         loop = asyncio.get_running_loop()
         pending = _Exec(loop.create_future(), Stopwatch(wall_s), relay, context)
@@ -475,6 +477,7 @@ class LocalSandbox:
 
     async def fork_into(self, child_id: str) -> "LocalSandbox":
         self._check_running()
+        await self._bound_to_tenant()  # the fork is made under its parent's tenant
         provider = self._provider
         # the member joins before its process exists: a full family refuses the fork here,
         # before the process limit would (docs/sandboxes.md, "Fork families")
@@ -498,6 +501,7 @@ class LocalSandbox:
             await asyncio.to_thread(provider.disks.place, family, child_id)
         await asyncio.to_thread(prepare_child_dirs, child_dir, self.uid, family is not None)
         copy: asyncio.Task[None] | None = None
+        bounding: asyncio.Task[None] | None = None
         mine, theirs = socket.socketpair()
         child = LocalSandbox(
             provider,
@@ -525,7 +529,12 @@ class LocalSandbox:
             # for a fork that happened
             copy = asyncio.create_task(copy_sandbox_dir(self.directory, child_dir, self.uid))
             pid = await child.wait_ready(10)
+            if owned_by(pid, self.uid):  # its own cgroup while the copy runs (a migration
+                # costs milliseconds in cgroup v1: off the fork's path where it can be)
+                bounding = asyncio.create_task(child._bound_own_tasks(pid, self))
             await copy
+            if bounding is not None:
+                await bounding
         except BaseException:
             theirs.close()
             if copy is not None and not copy.done():
@@ -537,7 +546,6 @@ class LocalSandbox:
         if not owned_by(pid, self.uid):
             await child.stop("the forked child reported a process that is not its own", "protocol")
             raise ForkFailed(f"fork of sandbox {self.id} failed: the child misreported itself")
-        await child._bound_own_tasks(pid, self)
         child.contexts = set(self.contexts)
         return child
 
@@ -558,15 +566,24 @@ class LocalSandbox:
 
     async def bind_tenant(self, tenant: str) -> None:
         """Put the sandbox's own cgroup under its tenant's (`tasks.tenant_group`): a pooled or
-        revived sandbox started under the host's alone. Never raises: a sandbox that cannot be
-        moved stays bounded by its own and the host's bounds."""
-        provider = self._provider
-        if self.group is None or not self.running:
+        revived sandbox started under the host's alone. Begun here and finished before the
+        sandbox runs anything of the tenant's (its first context, cell or fork waits on it):
+        moving a threaded process costs an RCU grace period in cgroup v1, ~10 ms here, which
+        a hand-out need not wait for. Never raises: a sandbox that cannot be moved stays
+        bounded by its own and the host's bounds."""
+        if self.group is None or not self.running or self._binding is not None:
             return
+        self._binding = asyncio.create_task(self._bind(tenant), name=f"tenant-{self.id}")
+
+    async def _bound_to_tenant(self) -> None:
+        if self._binding is not None and not self._binding.done():
+            await asyncio.shield(self._binding)
+
+    async def _bind(self, tenant: str) -> None:
+        provider = self._provider
+        assert self.group is not None
         try:
-            tenant_dir = await asyncio.to_thread(
-                tenant_group, provider.tasks, tenant, provider.tenant_tasks
-            )
+            tenant_dir = await asyncio.to_thread(provider.tenant_group, tenant)
             if tenant_dir is None or self.group.parent == tenant_dir:
                 return
             own = await asyncio.to_thread(

@@ -254,3 +254,27 @@ def test_a_full_family_disk_is_recorded_on_the_sandboxs_stream(
         repl.shutdown()
         bus.delete_sandbox(info.sandbox)
         assert event_types(bus, info.sandbox)[-1] == "sandbox.deleted"
+
+
+async def test_a_delete_while_the_family_is_unmounted_keeps_its_other_members_files(
+    tmp_path: Path,
+) -> None:
+    """A second broker on the root started while the first had the family mounted (so it
+    mounted nothing); the first stops, unmounting it; the second deletes one member: the image
+    is mounted again first, so the other member's files stay."""
+    first_cm = provider(tmp_path, UID_BASE, family_disk_mb=DISK_MB, max_inodes=INODES)
+    first = await first_cm.__aenter__()
+    parent = await first.create("fam", LIMITS)
+    child = await parent.fork_into("fam-kid")
+    assert value(await run(child, "open('kid.txt', 'w').write('kid')")) == 3
+    await child.stop("its broker stopped")
+    await parent.stop("its broker stopped")
+    async with provider(tmp_path, UID_BASE, family_disk_mb=DISK_MB, max_inodes=INODES) as other:
+        await first_cm.__aexit__(None, None, None)  # the first stops: it unmounts the family
+        families = tmp_path / "root" / FAMILIES
+        assert not mounted(families / "fam")
+        await other.discard("fam")
+        revived = await other.create("fam-kid", LIMITS, revive=True)
+        assert value(await run(revived, "open('kid.txt').read()")) == "kid"
+        await revived.destroy()
+    assert not (families / "fam.img").exists()

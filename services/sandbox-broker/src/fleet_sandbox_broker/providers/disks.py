@@ -199,6 +199,10 @@ class FamilyDisks:
             shutil.rmtree(directory, ignore_errors=True)
             return
         point = self.base / family
+        if not self._mount(family):  # unmounted, its other members' files are not seen
+            log.error("cannot remove a sandbox's files: its family's image does not mount",
+                      extra={"directory": str(directory), "family": family})  # fmt: skip
+            return
         shutil.rmtree(point / directory.name, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             directory.unlink()

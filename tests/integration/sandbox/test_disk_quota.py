@@ -8,6 +8,7 @@ size and inode count the kernel enforces, cells or not.
 """
 
 import os
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,11 @@ async def local(tmp_path: Path) -> AsyncIterator[LocalProvider]:
 
 def mounted(path: Path) -> bool:
     return os.path.ismount(path)
+
+
+def loops_of(image: Path) -> list[str]:
+    found = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True)
+    return found.stdout.splitlines()
 
 
 def real(path: Path) -> str:
@@ -278,3 +284,31 @@ async def test_a_delete_while_the_family_is_unmounted_keeps_its_other_members_fi
         assert value(await run(revived, "open('kid.txt').read()")) == "kid"
         await revived.destroy()
     assert not (families / "fam.img").exists()
+
+
+async def test_a_sandbox_revived_beside_the_provider_that_mounted_its_family_forks_after_it_stops(
+    tmp_path: Path,
+) -> None:
+    """Two providers on one root: the second revives a sandbox while the first still has its
+    family mounted; the first stops and unmounts it; the second's file write, read and fork
+    of that sandbox mount it again instead of writing beside it on the host's disk."""
+    first_cm = provider(tmp_path, UID_BASE, family_disk_mb=DISK_MB, max_inodes=INODES)
+    first = await first_cm.__aenter__()
+    box = await first.create("shared", LIMITS)
+    await box.stop("its broker stopped")
+    async with provider(tmp_path, UID_BASE, family_disk_mb=DISK_MB, max_inodes=INODES) as other:
+        revived = await other.create("shared", LIMITS, revive=True)
+        await first_cm.__aexit__(None, None, None)
+        families = tmp_path / "root" / FAMILIES
+        assert not mounted(families / "shared")
+        await revived.write_file("note.txt", b"after")
+        assert mounted(families / "shared")
+        # one loop device on the image: the host and the sandbox share one filesystem
+        assert len(loops_of(families / "shared.img")) == 1
+        assert await revived.read_file("note.txt", 100) == b"after"
+        kid = await revived.fork_into("shared-kid")
+        assert value(await run(kid, "open('note.txt').read()")) == "after"
+        assert real(kid.directory).startswith(str(families / "shared"))
+        await kid.destroy()
+        await revived.destroy()
+    assert not (families / "shared.img").exists()

@@ -13,7 +13,9 @@ The image is mounted before the family's first process starts its mount namespac
 binds the sandboxes' root recursively), so a fork, made inside that namespace, sees its own
 directory there too. The layout on disk is the record: a member's link names its family, a
 starting provider mounts every image not mounted yet (a host restart, another broker's clean
-stop), a revive or takeover mounts its family's if it is not (`reach`), a provider that stops
+stop), a revive or takeover mounts its family's if it is not (`reach`; so do a file read or
+write, a clone, a fork's placing and the disk watch: another provider on the root may have
+unmounted it as it stopped), a provider that stops
 unmounts those it mounted (its sandboxes' processes keep their own mount namespaces' copies,
 and the images keep the files), and a family's image is unmounted and deleted with its last
 member's directory.
@@ -170,6 +172,8 @@ class FamilyDisks:
     def place(self, family: str, member: str) -> Path:
         """`<root>/<member>` as a link to the member's directory in its family's filesystem
         (made, 0711 root's); returns the link."""
+        if not self._mount(family):
+            raise OSError(f"the fork family {family}'s image does not mount")
         real = self.base / family / member
         real.mkdir(mode=0o711)
         os.chmod(real, 0o711)  # noqa: S103 - traversable only, as every sandbox directory
@@ -190,6 +194,7 @@ class FamilyDisks:
         return None
 
     def use(self, family: str) -> DiskUse:
+        self._mount(family)  # another provider on this root may have unmounted it at its stop
         return use_of(self.base / family)
 
     def remove(self, directory: Path) -> None:
@@ -255,7 +260,10 @@ MOUNT_TRIES = 5
 
 def _mount_image(image: Path, point: Path) -> None:
     """`mount -o loop`, tried again on failure: two mounts at once can race for the same free
-    loop device, and the loser fails ("failed to setup loop device")."""
+    loop device, and the loser fails ("failed to setup loop device"). An image still attached
+    (its sandboxes' namespaces hold their copies of a mount the host dropped) is mounted again
+    through the same loop device (util-linux looks for one on the same file), so the host and
+    the sandboxes always share one filesystem, never two on one image."""
     for attempt in range(MOUNT_TRIES):
         try:
             _run("mount", "-o", MOUNT_OPTIONS, str(image), str(point))

@@ -279,6 +279,7 @@ class LocalProvider:
     async def clone_repo(
         self, box: LocalSandbox, url: str, ref: str | None, *, allow_local: bool
     ) -> None:
+        self.disks.reach(box.directory)
         staging = self.settings.root / ".broker" / "clones" / new_id()
         await clone(box.workspace, box.uid, url, ref, allow_local=allow_local, staging=staging)
 

@@ -603,9 +603,11 @@ class LocalSandbox:
     # -- files -------------------------------------------------------------------------------
 
     async def write_file(self, path: str, data: bytes) -> None:
+        self._provider.disks.reach(self.directory)
         await asyncio.to_thread(write_in, self.workspace, path, data, self.uid)
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
+        self._provider.disks.reach(self.directory)
         return await asyncio.to_thread(read_in, self.workspace, path, max_bytes)
 
     # -- ending ------------------------------------------------------------------------------

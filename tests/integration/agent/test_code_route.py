@@ -88,6 +88,32 @@ async def test_a_count_over_an_attached_document_runs_over_its_text(processes: P
     assert "context: str" in fake.requests[0].prompt_text
 
 
+async def test_a_column_of_an_attached_csv_is_summed_over_rows_the_prelude_parsed(
+    processes: Processes,
+) -> None:
+    sales = "region,units,price\nnorth,12,3.5\nsouth,7,4.0\neast,30,2.25\nwest,25,1.0\n"
+    total = "print(sum(row['units'] for row in sales_rows))"
+    with ScriptedLM([code(total)]) as fake:
+        async with session(processes) as s:
+            await s.use_model(fake)
+            blobs = await JetStreamBlobs.open(s.nc.jetstream())
+            blob = await blobs.put(s.tenant, sales.encode())
+            doc = DocumentRef(
+                alias="sales", source="upload", origin="sales.csv", blob=blob, chars=len(sales)
+            )
+            await s.append(None, DocumentLoaded(document=doc))
+            turn = new_id()
+            asked = "What is the sum of the units column?"
+            await s.append(turn, TurnRequested(message=asked, document_ids=("sales",)))
+            ended = await s.ended(turn, timeout=120)
+    assert isinstance(ended, TurnCompleted), ended
+    assert ended.answer.splitlines()[0] == "74"  # ints, not the strings "12" + "7" + ...
+    assert "sales_rows = [" in ended.answer  # the cited cell shows how the rows were read
+    prompt = fake.requests[0].prompt_text
+    assert "sales_rows: list of dict, sales read as CSV" in prompt
+    assert "keys 'region', 'units', 'price'" in prompt
+
+
 async def test_code_that_fails_twice_fails_the_turn_saying_so_and_no_guess_stands_in(
     processes: Processes,
 ) -> None:

@@ -1,5 +1,9 @@
 """The text a turn's named context adds after its message (pure)."""
 
+import json
+import subprocess
+import sys
+
 from fleet_agent.chat.escalation import CONTEXT_THRESHOLD, opening
 from fleet_agent.chat.turn_context import (
     MAX_LISTED_PATHS,
@@ -9,6 +13,7 @@ from fleet_agent.chat.turn_context import (
     code_variables,
     documents_in,
     in_sandbox,
+    table_columns,
 )
 from fleet_events.envelope import BlobRef
 from fleet_events.session import DocumentRef, TurnRequested
@@ -122,3 +127,37 @@ def test_named_files_become_variables_read_by_the_cells_prelude_and_only_five() 
     assert set(inputs.variables) == {"context"}  # read in the sandbox, never sent
     assert "haystack: str, the text of the file 'haystack.txt'" in inputs.described
     assert documents_in("no header here") == []
+
+
+def test_an_attached_csv_table_also_comes_as_rows_with_numbers_parsed() -> None:
+    sales = "region,units,price\nnorth,12,3.5\nsouth,7,4.0\n\neast,30,2.25\n"
+    attached = block([(ref("sales"), sales), (ref("sales_rows"), "taken\n")], [], ())
+    inputs = code_variables(attached)
+    # the rows are made in the sandbox by the prelude, from the text sent: never sent
+    assert set(inputs.variables) == {"sales", "sales_rows", "context"}
+    assert "sales_rows_rows" not in inputs.described
+    (rows_line,) = [line for line in inputs.described.splitlines() if "read as CSV" in line]
+    assert rows_line.startswith("rows_1: list of dict, sales read as CSV: one dict per row, ")
+    assert "keys 'region', 'units', 'price'" in rows_line
+    # the prelude as a cell runs it: in a Python of its own, the document's text given
+    program = f"sales = {sales!r}\n{inputs.prelude}\nimport json\nprint(json.dumps(rows_1))"
+    ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == [
+        {"region": "north", "units": 12, "price": 3.5},
+        {"region": "south", "units": 7, "price": 4.0},
+        {"region": "east", "units": 30, "price": 2.25},
+    ]
+
+
+def test_only_a_regular_table_is_read_as_csv() -> None:
+    assert table_columns("a,b\n1,2\n") == ["a", "b"]
+    assert table_columns("a,b\n") is None  # a header alone
+    assert table_columns("one column\n1\n2\n") is None
+    assert table_columns("a,b\n1,2\n3\n") is None  # a row narrower than the header
+    assert table_columns("a,a\n1,2\n") is None  # keys would collide
+    assert table_columns("a,\n1,2\n") is None  # an empty column name
+    assert table_columns(",".join(f"c{i}" for i in range(51)) + "\n" + "1," * 50 + "1\n") is None
+    text = "line 1 hay\nline 2 NEEDLE\n"
+    assert table_columns(text) is None
+    assert "read as CSV" not in code_variables(block([(ref("hay"), text)], [], ())).described

@@ -14,6 +14,7 @@ goes to the RLM, as a long message does). A `tools_only` turn cannot reach the R
 document past the threshold is named, not put in, and ReAct reads it with the document tools.
 """
 
+import csv
 import keyword
 import logging
 import re
@@ -110,6 +111,38 @@ class CodeInputs:
     described: str
 
 
+TABLE_MAX_COLUMNS = 50
+_ROWS_PRELUDE = [
+    "import csv as _fleet_csv, io as _fleet_io",
+    "def _fleet_value(v):",
+    "    for kind in (int, float):",
+    "        try:",
+    "            return kind(v)",
+    "        except (TypeError, ValueError):",
+    "            pass",
+    "    return v",
+]
+"""Defines what reads an attached table's rows in the sandbox, numbers as numbers."""
+
+
+def table_columns(text: str) -> list[str] | None:
+    """The header of `text` when it is a CSV table (a header of 2 to `TABLE_MAX_COLUMNS`
+    distinct non-empty names, at least one row, every non-blank row as wide as the header),
+    else None. Pure: only the code route's prompt and prelude depend on it, never the text."""
+    try:
+        rows = [row for row in csv.reader(text.splitlines()) if any(cell.strip() for cell in row)]
+    except csv.Error:
+        return None
+    if len(rows) < 2:
+        return None
+    header = rows[0]  # as `csv.DictReader` will key the rows
+    if not 2 <= len(header) <= TABLE_MAX_COLUMNS or not all(cell.strip() for cell in header):
+        return None
+    if len(set(header)) != len(header) or any(len(row) != len(header) for row in rows[1:]):
+        return None
+    return header
+
+
 def _name(wanted: str, taken: dict[str, str], fallback: str) -> str:
     name = re.sub(r"\W", "_", wanted)
     ok = name.isidentifier() and not keyword.iskeyword(name) and name not in taken
@@ -122,23 +155,32 @@ def code_variables(block_text: str) -> CodeInputs:
     alias when that is a Python name, else `document_N`) with its size and first lines, and
     each named sandbox file (the first `FILE_VARIABLES`) read into a variable named after it
     by the cell's prelude, so a small model writes code against the variables as they exist
-    (it counted the words of the file *list* when only `context` was there). Pure."""
+    (it counted the words of the file *list* when only `context` was there). An attached
+    document that is a CSV table (`table_columns`) also comes as `<name>_rows`, its rows as
+    dicts with numbers parsed, made by the prelude from the text (the 0.5B model summed a
+    column by splitting lines and indexing strings). Pure."""
     if not block_text:
         return CodeInputs({}, "", "none")
     variables = {"context": block_text}
+    read: dict[str, str] = dict(variables)  # every name the cell will have, sent or made
     lines = []
+    tables: list[tuple[str, str, list[str]]] = []
     for n, (alias, origin, text) in enumerate(documents_in(block_text), start=1):
-        name = _name(alias, variables, f"document_{n}")
-        variables[name] = text
+        name = _name(alias, read, f"document_{n}")
+        variables[name] = read[name] = text
         head = "\n".join(text.splitlines()[:PREVIEW_LINES])[:PREVIEW_CHARS]
         lines.append(
             f"{name}: str, the attached document {alias!r} ({origin}) alone, {len(text)} "
             f"characters, {len(text.splitlines())} lines; it begins: {head!r}"
         )
+        if (columns := table_columns(text)) is not None:
+            tables.append((name, f"rows_{n}", columns))
+    # the documents keep their own names first; a table's rows get one no document took
+    tables = [(name, _name(f"{name}_rows", read, fallback), c) for name, fallback, c in tables]
+    read.update((rows, rows) for _, rows, _ in tables)
     prelude = []
     listed = _PATHS.search(block_text)
     paths = listed.group(1).split(", ")[:FILE_VARIABLES] if listed else []
-    read: dict[str, str] = dict(variables)
     for n, path in enumerate(paths, start=1):
         name = _name(path.rsplit("/", 1)[-1].split(".", 1)[0], read, f"file_{n}")
         read[name] = path
@@ -149,6 +191,18 @@ def code_variables(block_text: str) -> CodeInputs:
         lines.append(
             f"{name}: str, the text of the file {path!r} in the working directory (already "
             "read for you)"
+        )
+    if tables:
+        prelude.extend(_ROWS_PRELUDE)
+    for source, rows, columns in tables:
+        prelude.append(
+            f"{rows} = [{{k: _fleet_value(v) for k, v in row.items()}} "
+            f"for row in _fleet_csv.DictReader(_fleet_io.StringIO({source}))]"
+        )
+        keys = ", ".join(repr(c) for c in columns)
+        lines.append(
+            f"{rows}: list of dict, {source} read as CSV: one dict per row, keys {keys}, "
+            f"numbers already int or float (e.g. [row[{columns[-1]!r}] for row in {rows}])"
         )
     lines.append(
         f"context: str, {len(block_text)} characters, everything attached together "

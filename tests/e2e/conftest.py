@@ -95,11 +95,14 @@ def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
     meshes: list[Mesh] = []
 
     def start(
-        env: dict[str, str] | None = None, data_dir: Path | None = None, runner: str | None = "echo"
+        env: dict[str, str] | None = None,
+        data_dir: Path | None = None,
+        runner: str | None = "echo",
+        args: tuple[str, ...] = (),
     ) -> Mesh:
         """`data_dir`: start on an earlier mesh's data dir (a restart of the same mesh).
         `runner`: `FLEET_AGENT_RUNNER` (echo: these tests run no model); None leaves it unset,
-        so `fleet up`'s own default (the chat agent) runs."""
+        so `fleet up`'s own default (the chat agent) runs. `args`: more options of `fleet up`."""
         index = len(meshes)
         port = free_port()
         data_dir = data_dir or tmp_path / f"mesh-{index}"
@@ -112,6 +115,7 @@ def start_mesh(tmp_path: Path) -> Iterator[StartMesh]:
         argv = [sys.executable, "-m", "fleet_cli", "up", "--data-dir", str(data_dir)]
         argv += ["--port", str(port), "--nats-port", "0", "--grace", "5"]
         argv += ["--llm", "none"]  # the local model has its own tests (tests/integration/llm)
+        argv += list(args)
         with open(output, "wb") as out:
             process = subprocess.Popen(
                 argv, env=full_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import jwt
 import pytest
 from typer.testing import CliRunner, Result
 
-from fleet_cli.client import find_target
+from fleet_cli.client import Gateway, Target, find_target
 from fleet_cli.commands.doctor import component_rows
 from fleet_cli.errors import ClientError
 from fleet_cli.localmesh import NoMesh
@@ -181,3 +182,41 @@ def test_a_state_file_left_by_a_killed_fleet_up_is_not_a_running_mesh(tmp_path: 
         find_target(mesh, env={})
     (mesh / "up.json").write_text(json.dumps({**state, "pid": os.getpid()}))  # alive
     assert find_target(mesh, env={}).url == "http://127.0.0.1:7001"
+
+
+async def test_a_503_saying_when_is_asked_again_for_a_ticket_and_a_get_only() -> None:
+    """A cluster electing a stream's leader answers 503 `store_unavailable` with Retry-After
+    for a few seconds: the ticket (minting twice costs nothing) and reads wait it out; a
+    write that may have landed is not sent again."""
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path}")
+        if len(seen) % 3:  # two 503s, then the answer
+            body = {"code": "store_unavailable", "message": "the event store did not answer"}
+            return httpx.Response(503, json=body, headers={"Retry-After": "0.1"})
+        return httpx.Response(200, json={"ticket": "t", "sessions": []})
+
+    target = Target("http://gateway.test", "token", "a test")
+    async with Gateway(target, transport=httpx.MockTransport(answer)) as gateway:
+        assert await gateway.ticket() == "t"
+        assert len(seen) == 3
+        await gateway.json("GET", "/api/v1/sessions")
+        assert len(seen) == 6
+        with pytest.raises(ClientError, match=r"refused \(503 store_unavailable"):
+            await gateway.json("POST", "/api/v1/sessions")
+        assert seen[6:] == ["POST /api/v1/sessions"]  # asked once
+
+
+async def test_a_503_without_retry_after_is_not_asked_again() -> None:
+    seen: list[int] = []
+
+    def answer(_: httpx.Request) -> httpx.Response:
+        seen.append(1)
+        return httpx.Response(503, json={"code": "not_ready", "message": "no"})
+
+    target = Target("http://gateway.test", "token", "a test")
+    async with Gateway(target, transport=httpx.MockTransport(answer)) as gateway:
+        with pytest.raises(ClientError, match="not_ready"):
+            await gateway.json("GET", "/api/v1/sessions")
+    assert len(seen) == 1

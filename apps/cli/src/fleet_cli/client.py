@@ -4,6 +4,7 @@ so `fleet run` against a remote mesh behaves exactly as against the local one.""
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -65,6 +66,21 @@ def find_target(data_dir: Path, env: Mapping[str, str] | None = None) -> Target:
     return Target(url.rstrip("/"), token, source)
 
 
+UNAVAILABLE_S = 30.0
+"""How long a request answered 503 with `Retry-After` is asked again (longer than a JetStream
+leader election: seconds)."""
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds to wait before asking again, for a 503 that says when (at most 5 s); else None."""
+    if response.status_code != 503:
+        return None
+    try:
+        return min(5.0, max(0.1, float(response.headers["Retry-After"])))
+    except (KeyError, ValueError):
+        return None
+
+
 def _problem(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -92,12 +108,18 @@ class Gateway:
     """One gateway, one principal (the token's): thin calls that raise `ClientError` with
     the gateway's own `{code, message}`, so the CLI never guesses what went wrong."""
 
-    def __init__(self, target: Target, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        target: Target,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.target = target
         self._http = httpx.AsyncClient(
             base_url=target.url,
             headers={"Authorization": f"Bearer {target.token}"},
             timeout=timeout,
+            transport=transport,
         )
 
     async def __aenter__(self) -> "Gateway":
@@ -116,8 +138,20 @@ class Gateway:
                 f"is `fleet up` running? (url from {self.target.source})"
             ) from None
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = await self.answer(method, path, **kwargs)
+    async def request(
+        self, method: str, path: str, *, again: bool | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """Raises `ClientError` on a refusal. A 503 with `Retry-After` (the event store did not
+        answer: a cluster electing a leader) is asked again, for up to `UNAVAILABLE_S`, when
+        `again` (default: for a GET, which changes nothing)."""
+        again = method == "GET" if again is None else again
+        deadline = time.monotonic() + UNAVAILABLE_S
+        while True:
+            response = await self.answer(method, path, **kwargs)
+            wait = _retry_after(response) if again else None
+            if wait is None or time.monotonic() + wait > deadline:
+                break
+            await asyncio.sleep(wait)
         if response.status_code >= 400:
             raise ClientError(
                 f"{method} {path} was refused ({response.status_code} {_problem(response)})"
@@ -128,7 +162,8 @@ class Gateway:
         return (await self.request(method, path, **kwargs)).json()
 
     async def ticket(self) -> str:
-        return str((await self.json("POST", "/api/v1/auth/ws-ticket"))["ticket"])
+        # a ticket minted twice costs nothing: the first expires unused
+        return str((await self.json("POST", "/api/v1/auth/ws-ticket", again=True))["ticket"])
 
     @asynccontextmanager
     async def socket(self, path: str, **query: str) -> AsyncIterator[ClientConnection]:

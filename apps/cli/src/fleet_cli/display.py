@@ -3,6 +3,7 @@
 from rich.table import Table
 
 from fleet_cli.children import ChildView, State
+from fleet_cli.cluster import ClusterView
 from fleet_cli.status import ReadyAnswer
 
 _STYLE = {State.RUNNING: "green", State.WAITING: "yellow", State.STOPPED: "dim"}
@@ -52,3 +53,28 @@ def starting(answer: ReadyAnswer) -> list[str]:
         for item in (answer.body or {}).get("components", [])
         if item.get("state") == "starting"
     ]
+
+
+def cluster_nodes(view: ClusterView) -> Table:
+    leader = view.meta_leader or "[red]none (no quorum)[/]"
+    table = Table(title=f"nats cluster: meta leader {leader}", title_justify="left")
+    for column in ("node", "url", "state", "role"):
+        table.add_column(column)
+    for name, url, answering in view.nodes:
+        state = "[green]up[/]" if answering else "[red]down[/]"
+        table.add_row(name, url, state, "meta leader" if name == view.meta_leader else "")
+    return table
+
+
+def cluster_streams(view: ClusterView) -> Table:
+    table = Table(title="streams (each at its leader)", title_justify="left")
+    for column in ("stream", "leader", "replicas", "lag (messages)"):
+        table.add_column(column)
+    for row in view.streams:
+        replicas = ", ".join(
+            f"{name}" + ("" if current else " [red](not current)[/]")
+            for name, current, _ in row.replicas
+        )
+        lag = ", ".join(f"{name} {lag}" for name, _, lag in row.replicas)
+        table.add_row(row.stream, row.leader, replicas or "[yellow]none[/]", lag or "-")
+    return table

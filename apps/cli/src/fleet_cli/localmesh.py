@@ -99,6 +99,18 @@ def recorded_gateway(data_dir: Path) -> str | None:
     return None
 
 
+def recorded_cluster(data_dir: Path) -> list[dict[str, str]]:
+    """The nodes (name, url, monitor) a running `fleet up --cluster N` recorded; [] for one
+    node, a mesh joined to NATS_URL, or no running mesh."""
+    if recorded_gateway(data_dir) is None:
+        return []
+    try:
+        nodes = json.loads((data_dir / "up.json").read_text()).get("cluster") or []
+        return [{k: str(n[k]) for k in ("name", "url", "monitor")} for n in nodes]
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return []
+
+
 def _gone(pid: object) -> bool:
     """Whether the `fleet up` that wrote the state file has ended (a file with no pid, from
     before it was recorded, is taken at its word)."""

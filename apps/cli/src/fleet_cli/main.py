@@ -70,6 +70,13 @@ def up_command(
     llm_port: Annotated[int, typer.Option(help="local LLM server port; 0 picks a free one")] = 8181,
     ready_timeout: Annotated[float, typer.Option(help="seconds to wait for /ready")] = 60.0,
     grace: Annotated[float, typer.Option(help="seconds between SIGTERM and SIGKILL")] = 10.0,
+    cluster: Annotated[
+        int,
+        typer.Option(
+            help="nats-server nodes to start (1, 3 or 5), every stream at that many replicas; "
+            "with --nats-port P they take ports P to P+3N-1 (docs/deployment.md)"
+        ),
+    ] = 1,
 ) -> None:
     """Start NATS (or join $NATS_URL), bootstrap it, run every service; Ctrl-C stops all."""
     import asyncio
@@ -86,13 +93,34 @@ def up_command(
     except LlmUnavailable as exc:
         console.print(f"[red]fleet up cannot start:[/] {exc}")
         raise typer.Exit(2) from None
+    from fleet_cli import cluster as nodes
+
+    try:
+        size = nodes.check_size(cluster)
+    except nodes.BadClusterSize as exc:
+        console.print(f"[red]fleet up cannot start:[/] {exc}")
+        raise typer.Exit(2) from None
+    join_url = os.environ.get("NATS_URL") or None
+    if size > 1 and join_url is not None:
+        console.print(
+            "[red]fleet up cannot start:[/] --cluster starts nodes of its own, and NATS_URL "
+            "names a server to join: unset NATS_URL, or drop --cluster (the replicas then "
+            "follow the URLs it names, at most 3)"
+        )
+        raise typer.Exit(2)
+    ports: tuple[int, ...] = ()
+    if size > 1:  # a block from --nats-port, or free ports one by one
+        ports = nodes.block(nats_port, size) if nats_port else tuple(
+            free_port() for _ in range(nodes.PORTS_PER_NODE * size)
+        )  # fmt: skip
     data_dir = data_dir.resolve()
     options = UpOptions(
         data_dir=data_dir,
         gateway_port=port,
-        nats_port=nats_port or free_port(),
-        join_url=os.environ.get("NATS_URL") or None,
+        nats_port=(ports[0] if ports else nats_port) or free_port(),
+        join_url=join_url,
         grace_s=grace,
+        cluster_ports=ports,
     )
     try:
         preflight(options)
@@ -213,7 +241,13 @@ def status_command(
     from rich.markup import escape
 
     from fleet_cli import display
-    from fleet_cli.localmesh import admin_token, mesh_dir, no_mesh_message, recorded_gateway
+    from fleet_cli.localmesh import (
+        admin_token,
+        mesh_dir,
+        no_mesh_message,
+        recorded_cluster,
+        recorded_gateway,
+    )
     from fleet_cli.status import ask
 
     data_dir = mesh_dir(data_dir)
@@ -234,7 +268,16 @@ def status_command(
     console.print(display.components(answer))
     for line in display.starting(answer):
         console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
-    raise typer.Exit(0 if answer.ready else 1)
+    recorded = recorded_cluster(data_dir) if local is not None and target == local else []
+    healthy = True
+    if recorded:
+        from fleet_cli.cluster import look
+
+        view = asyncio.run(look(recorded))
+        console.print(display.cluster_nodes(view))
+        console.print(display.cluster_streams(view))
+        healthy = view.meta_leader is not None and all(up for _, _, up in view.nodes)
+    raise typer.Exit(0 if answer.ready and healthy else 1)
 
 
 def cli(argv: "Sequence[str] | None" = None) -> typer.Typer:

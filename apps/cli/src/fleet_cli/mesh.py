@@ -12,6 +12,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nats.js.errors import BadRequestError
+
+from fleet_cli import cluster
 from fleet_cli.children import ChildSpec, ChildView
 from fleet_cli.identity import BadReplicas, replica_name
 from fleet_cli.keys import checkpointing, ensure_keys, signing_env
@@ -43,6 +46,12 @@ class UpOptions:
     nats_port: int = 4222
     join_url: str | None = None  # NATS_URL: join that server instead of starting one
     grace_s: float = 10.0
+    cluster_ports: tuple[int, ...] = ()
+    """`--cluster N`: 3N ports (`fleet_cli.cluster.layout`); empty: one node on `nats_port`."""
+
+    @property
+    def cluster_size(self) -> int:
+        return len(self.cluster_ports) // cluster.PORTS_PER_NODE or 1
 
     @property
     def logs(self) -> Path:
@@ -87,7 +96,9 @@ def preflight(options: UpOptions) -> None:
     except BadReplicas as exc:
         raise CannotStart(str(exc)) from exc
     ports = [("gateway", "--port", options.gateway_port)]
-    if options.join_url is None:
+    if options.join_url is None and options.cluster_ports:
+        ports += [("a cluster node's", "--nats-port", p) for p in options.cluster_ports]
+    elif options.join_url is None:
         ports.append(("NATS", "--nats-port", options.nats_port))
     for what, flag, port in ports:
         if _port_taken(port):
@@ -153,10 +164,16 @@ def _named(data_dir: Path, service: str, env: dict[str, str]) -> dict[str, str]:
     return {**env, "FLEET_REPLICA": replica_name(data_dir, service)}
 
 
-async def run_bootstrap(nats_url: str) -> None:
+async def run_bootstrap(nats_url: str, replicas: int = 1) -> None:
     nc = await connect(nats_url, name="fleet-up")
     try:
-        report = await bootstrap(nc.jetstream())
+        report = await bootstrap(nc.jetstream(), replicas=replicas)
+    except BadRequestError as exc:  # a cluster with a node down cannot place a new stream
+        raise CannotStart(
+            f"the bootstrap could not make the mesh's streams at {replicas} replicas: "
+            f"{exc.description}; every node must be up the first time a stream is made "
+            "(`fleet status` names the nodes down)"
+        ) from None
     finally:
         await nc.close()
     log.info("bootstrap: created %s", ", ".join(report.created) or "nothing (all present)")
@@ -200,6 +217,39 @@ async def start_nats(supervisor: Supervisor, options: UpOptions, timeout: float 
         return server.url
 
 
+def stream_replicas(options: UpOptions) -> int:
+    """Every stream, bucket and object store at one replica per node of a cluster `fleet up`
+    starts; joining `NATS_URL`, one per URL it names, at most 3 (a stream kept elsewhere at
+    other replicas is left as its operator set it: `fleet_mesh.bootstrap`)."""
+    if options.join_url is None:
+        return options.cluster_size
+    return min(3, len([u for u in options.join_url.split(",") if u.strip()]))
+
+
+async def start_cluster(
+    supervisor: Supervisor, options: UpOptions, nodes: list[cluster.Node], timeout: float = 30.0
+) -> str:
+    """The nodes as supervised children; returns their URLs once a meta leader is elected,
+    naming the nodes that did not answer by then (a quorum is enough once the cluster has
+    formed: `fleet_cli.cluster`)."""
+    cluster.launch(supervisor, nodes, options.logs, dict(os.environ), LOCAL_SYNC_INTERVAL)
+    try:
+        leader, down = await cluster.wait_for_quorum(nodes, timeout)
+    except cluster.ClusterDown as exc:
+        raise CannotStart(str(exc)) from None
+    for node in down:
+        log.warning(
+            "%s (%s) is not answering: going on with %d of %d nodes (a quorum); see %s",
+            node.name, node.url, len(nodes) - len(down), len(nodes),
+            options.logs / f"{node.name}.log",
+        )  # fmt: skip
+    log.info(
+        "nats cluster of %d nodes on %s (meta leader %s, stores under %s)",
+        len(nodes), cluster.urls(nodes), leader, options.data_dir / "nats",
+    )  # fmt: skip
+    return cluster.urls(nodes)
+
+
 async def up(
     options: UpOptions,
     stop: asyncio.Event,
@@ -213,22 +263,27 @@ async def up(
     supervisor = Supervisor(grace_s=options.grace_s, on_change=on_change)
     state_file = options.data_dir / STATE_FILE
     try:
-        if options.join_url is None:
+        nodes: list[cluster.Node] = []
+        if options.join_url is None and options.cluster_ports:
+            nodes = cluster.layout(options.data_dir, options.cluster_ports)
+            nats_url = await start_cluster(supervisor, options, nodes)
+        elif options.join_url is None:
             nats_url = await start_nats(supervisor, options)
             log.info("nats-server on %s (store %s)", nats_url, options.data_dir / "nats")
         else:
             nats_url = options.join_url
             log.info("joining NATS at %s", nats_url)
-        await run_bootstrap(nats_url)
+        await run_bootstrap(nats_url, replicas=stream_replicas(options))
         async with checkpointing(nats_url, options.data_dir):
             extra_env = await before_services(nats_url, supervisor) if before_services else {}
             specs = service_specs(options, nats_url)
             for spec in specs:
                 spec.env.update(extra_env)
             supervisor.launch(*specs)
-            state_file.write_text(
-                json.dumps({"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url})
-            )
+            state = {"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url}
+            if nodes:  # `fleet status` asks each node's monitor for its account of the cluster
+                state["cluster"] = [n.recorded() for n in nodes]
+            state_file.write_text(json.dumps(state))
             on_started(nats_url)
             await supervisor.watch(stop)
     finally:

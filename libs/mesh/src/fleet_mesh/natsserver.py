@@ -37,10 +37,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Routes:
+    """A node's place in a JetStream cluster: the cluster's name, the port this node takes
+    routes on, every node's route port (its own included: nats-server skips itself), and the
+    port of its HTTP monitoring (`/jsz`, `/varz`: how `fleet status` reads the cluster)."""
+
+    name: str
+    port: int
+    peers: tuple[int, ...]
+    monitor_port: int
+
+
 @dataclass
 class NatsServer:
     store_dir: Path
     port: int = field(default_factory=free_port)
+    server_name: str = ""
+    """Unique in a cluster (JetStream names its peers by it); `fleet-local-<port>` when empty."""
+    routes: Routes | None = None
     # "always": a single local node has no replicas to cover a crash, and nothing acknowledged
     # may be lost (docs/architecture.md, "Durability"). Tests that never kill their server pass
     # the server default ("2m") for speed.
@@ -55,15 +70,26 @@ class NatsServer:
 
     def config_text(self) -> str:
         store = str(self.store_dir).replace('"', '\\"')
-        return (
+        text = (
             f'listen: "127.0.0.1:{self.port}"\n'
-            f'server_name: "fleet-local-{self.port}"\n'
+            f'server_name: "{self.server_name or f"fleet-local-{self.port}"}"\n'
             "jetstream {\n"
             f'  store_dir: "{store}"\n'
             f"  sync_interval: {self.sync_interval}\n"
             "}\n"
             "max_payload: 8MB\n"
         )
+        if self.routes is not None:
+            peers = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in self.routes.peers)
+            text += (
+                f'http: "127.0.0.1:{self.routes.monitor_port}"\n'
+                "cluster {\n"
+                f'  name: "{self.routes.name}"\n'
+                f'  listen: "127.0.0.1:{self.routes.port}"\n'
+                f"  routes: [{peers}]\n"
+                "}\n"
+            )
+        return text
 
     def start(self, timeout: float = 10.0) -> "NatsServer":
         self.store_dir.mkdir(parents=True, exist_ok=True)

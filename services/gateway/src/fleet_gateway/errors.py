@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -193,5 +195,11 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(StoreUnavailable, store_unavailable)
     app.add_exception_handler(BlobUnavailable, store_unavailable)
+    # JetStream unanswered (a request timed out, a publish no stream took) or saying it is
+    # unavailable (503): a cluster electing a stream's leader, or NATS down. Retryable, so
+    # never a 500 incident
+    app.add_exception_handler(NatsTimeout, store_unavailable)
+    app.add_exception_handler(NoStreamResponseError, store_unavailable)
+    app.add_exception_handler(ServiceUnavailableError, store_unavailable)
     app.add_exception_handler(RecursionError, too_deep)
     app.add_exception_handler(Exception, unexpected)

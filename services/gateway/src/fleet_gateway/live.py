@@ -29,6 +29,7 @@ from fleet_events.codec import Codec, CodecError, sha256_hex
 from fleet_events.envelope import Offloaded
 from fleet_events.session import log_subject, session_filter
 from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.elections import through_election
 
 TraceMode = Literal["compact", "verbose", "off"]
 TRACE_MODES: tuple[TraceMode, ...] = ("compact", "verbose", "off")
@@ -113,8 +114,16 @@ class Channel:
         self._subs: list[Subscription] = []
 
     async def open(self) -> None:
+        try:
+            await self._open()
+        except BaseException:
+            await self.close()  # nothing half-open stays subscribed
+            raise
+
+    async def _open(self) -> None:
         js = self.hub.nc.jetstream()
-        info = await js.stream_info(streams.SESSIONS.name)
+        # a SESSIONS leader lost in a cluster answers nothing until the next is elected
+        info = await through_election(lambda: js.stream_info(streams.SESSIONS.name))
         self.last_seq = info.state.last_seq
         if self.mode != "off":
             self._subs.append(

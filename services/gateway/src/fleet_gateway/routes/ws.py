@@ -100,7 +100,12 @@ class _Socket:
         await self.stop_watch()
         limit: int = self.ws.app.state.gateway.settings.ws_queue_limit
         watch = Watch(self.handles.hub, self.principal.tenant, session, after_seq, mode, limit)
-        await watch.start()
+        try:
+            await watch.start()
+        except (NatsError, TimeoutError, StoreError) as exc:  # the store did not answer
+            log.warning("a session watch could not start: %s", type(exc).__name__)
+            self._end(CLOSE_BUS, _reason("store_unavailable", retry="reconnect in a few seconds"))
+            return
         self.watch, self.session, self.trace_mode = watch, session, mode
         self.pump = asyncio.create_task(self._pump(watch))
 

@@ -65,3 +65,16 @@ def test_faststream_bench_prints_both_ratios_and_the_decision() -> None:
     assert len(run_line.findall(out)) == 3, out
     assert len(re.findall(r"split: .* -> \d+\.\d+x", out)) == 2
     assert re.search(r"^== decision: (keep fleet_mesh|move the service runtime)", out, re.M), out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_cluster_bench_prints_three_nodes_beside_one_and_the_leader_kill() -> None:
+    out = run_bench("bench/cluster.py", "--quick", timeout=360)
+    assert "append, one writer: three nodes (R3) against one node" in out
+    assert RATIO.search(out)
+    assert re.search(r"one node [\d,]+/s +three nodes [\d,]+/s +ratio \d+\.\d+x", out), out
+    assert re.search(
+        r"next acknowledged append \(2 rounds\)\n +p50 \d+\.\d+ s +p99 \d+\.\d+ s", out
+    )
+    assert "acknowledged appends lost after the heals: 0 of 2" in out  # nothing acknowledged lost

@@ -1,0 +1,324 @@
+"""A three-node JetStream cluster beside one node, in one run (issue 24).
+
+    .venv/bin/python bench/cluster.py [--samples 300] [--kills 10]
+
+Both run here, on loopback, with `sync_interval: always` (what `fleet up` writes):
+one nats-server, and three routed nodes (`fleet_cli.cluster`'s layout, every stream at 3
+replicas). Printed side by side:
+
+1. Append, one writer: `EventStore.append` to `SESSIONS` (chain, optimistic concurrency,
+   dedup id); the one node is the baseline. Report it (no goal: a quorum write costs a round
+   trip to a follower and its fsync).
+2. Appends/s with 16 writers, three nodes against one.
+3. SIGKILL of the node leading `SESSIONS` → the next acknowledged append, over `--kills` rounds
+   (a writer appends every 10 ms, each attempt bounded by 0.5 s): p50 and p99 of the gap
+   between the kill and that append's acknowledgement; goal p50 <= 2 s. After each round the
+   node is restarted and caught up, and every append acknowledged so far is read back: the
+   count lost is printed (it must be 0).
+
+4. A turn's wall time, `fleet up --cluster 3` against `fleet up` (the whole mesh as processes,
+   the echo runner: no model, so the figure is the mesh's own path: the turn's request
+   appended, dispatched, started and completed), `--turns` sequential turns on each, the meshes
+   one after the other; goal p50 <= 1.3x.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from fleet_cli import cluster
+from fleet_events import Actor, Envelope, bus, new_id, streams, utc_now
+from fleet_events.bus import Ping
+from fleet_events.catalog import type_of_class
+from fleet_events.chain import TYPE_HEADER
+from fleet_events.session import TurnCompleted, TurnRequested, log_subject
+from fleet_harness.bench import report, side_by_side, stats
+from fleet_mesh import rpc
+from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.connection import connect
+from fleet_mesh.natsserver import NatsServer, free_port
+from fleet_mesh.store import EMPTY, EventStore, open_store
+
+ACTOR = Actor(service="bench", replica="b-0")
+NODES = 3
+
+
+def envelope(session: str, message: str = "hello") -> Envelope[TurnRequested]:
+    return Envelope(
+        id=new_id(), tenant="bench", session=session, actor=ACTOR, ts=utc_now(),
+        data=TurnRequested(message=message),
+    )  # fmt: skip
+
+
+def start_cluster(root: Path) -> tuple[list[cluster.Node], list[NatsServer]]:
+    nodes = cluster.layout(root, tuple(free_port() for _ in range(3 * NODES)))
+    servers = [cluster.server_of(n, nodes, "always") for n in nodes]
+    for server in servers:
+        server.store_dir.mkdir(parents=True, exist_ok=True)
+        server.log_path = server.store_dir / "server.log"
+        server.start()
+    return nodes, servers
+
+
+async def leader_of(nc: Client, stream: str, timeout: float = 5.0) -> str | None:
+    try:
+        info = await nc.jetstream(timeout=timeout).stream_info(stream)
+    except Exception:  # an election under way
+        return None
+    return info.cluster.leader if info.cluster else None
+
+
+async def new_leader(nc: Client, old: str, since: float) -> float:
+    """Seconds from `since` until stream info names a leader other than `old`."""
+    while True:
+        leader = await leader_of(nc, streams.SESSIONS.name, timeout=0.2)
+        if leader is not None and leader != old:
+            return time.monotonic() - since
+        await asyncio.sleep(0.05)
+
+
+async def caught_up(nc: Client) -> bool:
+    """Every store with a leader and two current followers."""
+    js = nc.jetstream()
+    for name in [s.name for s in streams.STREAMS]:
+        try:
+            info = await js.stream_info(name)
+        except Exception:
+            return False
+        if info.cluster is None or info.cluster.leader is None:
+            return False
+        followers = [r for r in (info.cluster.replicas or []) if r.current and not r.offline]
+        if len(followers) != NODES - 1:
+            return False
+    return True
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: {what} did not happen within {timeout:.0f}s")
+        await asyncio.sleep(0.1)
+
+
+async def appends(one: EventStore, three: EventStore, samples: int) -> None:
+    heads = {"one": EMPTY, "three": EMPTY}
+    sessions = {k: new_id() for k in heads}
+
+    def writer(name: str, store: EventStore) -> Callable[[], Awaitable[None]]:
+        subject = log_subject("bench", sessions[name])
+
+        async def append() -> None:
+            event = envelope(sessions[name])
+            heads[name] = (await store.append(subject, event, expect=heads[name])).head
+
+        return append
+
+    base, proj = await side_by_side(
+        writer("one", one), writer("three", three), samples=samples, warmup=20
+    )
+    report(
+        "append, one writer: three nodes (R3) against one node",
+        base, proj, goal="reported (a quorum write: a follower's round trip and fsync)",
+        unit="append",
+    )  # fmt: skip
+
+    each = max(20, samples // 16)
+
+    async def many(store: EventStore, writers: int = 16) -> float:
+        async def one_writer() -> None:
+            session, head = new_id(), EMPTY
+            subject = log_subject("bench", session)
+            for _ in range(each):
+                head = (await store.append(subject, envelope(session), expect=head)).head
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one_writer() for _ in range(writers)))
+        return writers * each / (time.perf_counter() - start)
+
+    rates: dict[str, list[float]] = {"one": [], "three": []}
+    for _ in range(3):  # interleaved
+        rates["one"].append(await many(one))
+        rates["three"].append(await many(three))
+    a, b = statistics.median(rates["one"]), statistics.median(rates["three"])
+    print(
+        f"== appends/s, 16 writers (median of 3 interleaved)\n"
+        f"   one node {a:,.0f}/s   three nodes {b:,.0f}/s   ratio {b / a:.2f}x   goal: reported",
+        flush=True,
+    )
+
+
+async def kills(nodes: list[cluster.Node], servers: list[NatsServer], rounds: int) -> None:
+    nc = await connect(cluster.urls(nodes), name="bench-kills")
+    store = await open_store(nc.jetstream(), streams.SESSIONS, timeout=0.5)
+    acked: list[tuple[str, str]] = []  # (subject, event id) of every acknowledged append
+    gaps: list[float] = []
+    elections: list[float] = []  # kill -> another node named SESSIONS' leader
+    try:
+        for round_ in range(rounds):
+            await until(lambda: caught_up(nc), 90, "the cluster to be whole")
+            leader = await leader_of(nc, streams.SESSIONS.name)
+            victim = next(i for i, n in enumerate(nodes) if n.name == leader)
+            session = new_id()
+            subject = log_subject("bench", session)
+            killed_at = time.monotonic()
+            servers[victim].kill()
+            watcher = asyncio.create_task(new_leader(nc, leader or "", killed_at))
+            while True:
+                event = envelope(session, f"round {round_}")
+                try:
+                    await store.append(subject, event)
+                except Exception:  # no leader yet (a timeout, no stream answered): again
+                    await asyncio.sleep(0.01)
+                    continue
+                gaps.append(time.monotonic() - killed_at)
+                acked.append((subject, event.id))
+                break
+            elections.append(await watcher)
+            servers[victim].start()
+        await until(lambda: caught_up(nc), 90, "the cluster to be whole")
+        present = 0
+        for subject, event_id in acked:
+            ids = [e.envelope.id async for e in store.replay(subject)]
+            present += event_id in ids
+    finally:
+        await nc.close()
+    s = stats(gaps)
+    ordered = sorted(gaps)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    print(
+        f"== SIGKILL of SESSIONS' leader node -> next acknowledged append ({rounds} rounds)\n"
+        f"   p50 {s.p50_ms / 1000:.2f} s   p99 {p99:.2f} s   max {ordered[-1]:.2f} s   "
+        f"goal: p50 <= 2 s\n"
+        f"   of which the election (kill -> a new leader named by stream info): p50 "
+        f"{statistics.median(elections):.2f} s, max {max(elections):.2f} s\n"
+        f"   acknowledged appends lost after the heals: {len(acked) - present} of {len(acked)}",
+        flush=True,
+    )
+
+
+def launch_mesh(root: Path, size: int) -> tuple[subprocess.Popen[bytes], IO[bytes], Path]:
+    """`fleet up --cluster size` (echo runner) as a process, its output in a file."""
+    data = root / f"mesh-{size}"
+    argv = [sys.executable, "-m", "fleet_cli", "up", "--data-dir", str(data), "--llm", "none"]
+    argv += ["--port", str(free_port()), "--nats-port", "0", "--grace", "5"]
+    argv += ["--cluster", str(size)]
+    env = {k: v for k, v in os.environ.items() if k != "NATS_URL"} | {"FLEET_AGENT_RUNNER": "echo"}
+    log = open(root / f"mesh-{size}.out", "wb")  # noqa: SIM115 - closed by turns_on
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log, data
+
+
+async def turns_on(root: Path, size: int, count: int) -> list[float]:
+    """`count` turns' wall times on a `fleet up --cluster size` (echo runner)."""
+    mesh, log, data = launch_mesh(root, size)
+    try:
+        state = data / "up.json"
+
+        async def started() -> bool:
+            if mesh.poll() is not None:
+                raise SystemExit(f"bench: fleet up exited; see {root / f'mesh-{size}.out'}")
+            return state.exists()
+
+        await until(started, 120, f"fleet up --cluster {size}")
+        nc = await connect(json.loads(state.read_text())["nats"], name="bench-turns")
+        try:
+            await until(lambda: agent_answers(nc), 120, "the agent to answer ping")
+            store = await open_store(nc.jetstream(), streams.SESSIONS)
+            return [await one_turn(nc, store) for _ in range(count)]
+        finally:
+            await nc.close()
+    finally:
+        mesh.terminate()
+        await asyncio.to_thread(mesh.wait, 60)
+        log.close()
+
+
+async def agent_answers(nc: Client) -> bool:
+    try:
+        await rpc.call_verb(nc, bus.ping("agent"), Ping(), timeout=0.5)
+    except Exception:
+        return False
+    return True
+
+
+async def one_turn(nc: Client, store: EventStore) -> float:
+    session = new_id()
+    subject = log_subject("bench", session)
+    done = asyncio.get_running_loop().create_future()
+
+    async def on_event(msg: Msg) -> None:
+        if (msg.headers or {}).get(TYPE_HEADER) == type_of_class(TurnCompleted) and not done.done():
+            done.set_result(time.perf_counter())
+
+    sub = await nc.subscribe(subject, cb=on_event)
+    try:
+        event = Envelope(
+            id=new_id(), tenant="bench", session=session, turn=new_id(), actor=ACTOR,
+            ts=utc_now(), data=TurnRequested(message="hello"),
+        )  # fmt: skip
+        start = time.perf_counter()
+        await store.append(subject, event)
+        return float(await asyncio.wait_for(done, 60)) - start
+    finally:
+        await sub.unsubscribe()
+
+
+async def turns(count: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-turns-") as tmp:
+        one = await turns_on(Path(tmp), 1, count)
+        three = await turns_on(Path(tmp), NODES, count)
+    report(
+        f"a turn (echo runner), fleet up --cluster 3 against fleet up, {count} turns each",
+        stats(one[2:]), stats(three[2:]), goal="p50 <= 1.3x", unit="turn",
+    )  # fmt: skip
+
+
+async def main(samples: int, rounds: int, turn_count: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+        root = Path(tmp)
+        single = NatsServer(store_dir=root / "one", sync_interval="always").start()
+        nodes, servers = start_cluster(root / "three")
+        try:
+            await cluster.wait_for_quorum(nodes, 30)
+            one_nc = await connect(single.url, name="bench-one")
+            three_nc = await connect(cluster.urls(nodes), name="bench-three")
+            await bootstrap(one_nc.jetstream(), replicas=1)
+            await bootstrap(three_nc.jetstream(), replicas=NODES)
+            await until(lambda: caught_up(three_nc), 60, "three replicas of every stream")
+            print(f"load average {os.getloadavg()[0]:.1f}; sync_interval always on every node")
+            one = await open_store(one_nc.jetstream(), streams.SESSIONS)
+            three = await open_store(three_nc.jetstream(), streams.SESSIONS)
+            await appends(one, three, samples)
+            await one_nc.close()
+            await three_nc.close()
+            await kills(nodes, servers, rounds)
+        finally:
+            single.stop()
+            for server in servers:
+                server.stop()
+    await turns(turn_count)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="--samples 60 --kills 2 --turns 8")
+    args = parser.parse_args()
+    if args.quick:
+        args.samples, args.kills, args.turns = 60, 2, 8
+    asyncio.run(main(args.samples, args.kills, args.turns))

@@ -26,15 +26,19 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+import httpx
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -43,13 +47,13 @@ from fleet_events import Actor, Envelope, bus, new_id, streams, utc_now
 from fleet_events.bus import Ping
 from fleet_events.catalog import type_of_class
 from fleet_events.chain import TYPE_HEADER
-from fleet_events.session import TurnCompleted, TurnRequested, log_subject
+from fleet_events.session import TurnCompleted, TurnFailed, TurnRequested, log_subject
 from fleet_harness.bench import report, side_by_side, stats
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import NatsServer, free_port
-from fleet_mesh.store import EMPTY, EventStore, open_store
+from fleet_mesh.store import EMPTY, EventStore, StoredEvent, open_store
 
 ACTOR = Actor(service="bench", replica="b-0")
 NODES = 3
@@ -220,8 +224,10 @@ def launch_mesh(root: Path, size: int) -> tuple[subprocess.Popen[bytes], IO[byte
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log, data
 
 
-async def turns_on(root: Path, size: int, count: int) -> list[float]:
-    """`count` turns' wall times on a `fleet up --cluster size` (echo runner)."""
+@asynccontextmanager
+async def running_mesh(root: Path, size: int) -> AsyncIterator[tuple[Client, Path, dict[str, Any]]]:
+    """`fleet up --cluster size` (echo runner) until the agent answers: a client on its NATS,
+    its data dir and what it recorded in `up.json`; stopped on the way out."""
     mesh, log, data = launch_mesh(root, size)
     try:
         state = data / "up.json"
@@ -232,17 +238,24 @@ async def turns_on(root: Path, size: int, count: int) -> list[float]:
             return state.exists()
 
         await until(started, 120, f"fleet up --cluster {size}")
-        nc = await connect(json.loads(state.read_text())["nats"], name="bench-turns")
+        recorded = json.loads(state.read_text())
+        nc = await connect(recorded["nats"], name=f"bench-mesh-{size}")
         try:
             await until(lambda: agent_answers(nc), 120, "the agent to answer ping")
-            store = await open_store(nc.jetstream(), streams.SESSIONS)
-            return [await one_turn(nc, store) for _ in range(count)]
+            yield nc, data, recorded
         finally:
             await nc.close()
     finally:
         mesh.terminate()
         await asyncio.to_thread(mesh.wait, 60)
         log.close()
+
+
+async def turns_on(root: Path, size: int, count: int) -> list[float]:
+    """`count` turns' wall times on a `fleet up --cluster size` (echo runner)."""
+    async with running_mesh(root, size) as (nc, _, _):
+        store = await open_store(nc.jetstream(), streams.SESSIONS)
+        return [await one_turn(nc, store) for _ in range(count)]
 
 
 async def agent_answers(nc: Client) -> bool:
@@ -285,6 +298,135 @@ async def turns(count: int) -> None:
     )  # fmt: skip
 
 
+def pid_of(data: Path, node: str) -> int:
+    """The pid of `fleet up`'s node `nats-N` (its config file is on its command line)."""
+    conf = str(data / "nats" / f"node-{node.rsplit('-', 1)[1]}" / "nats.conf").encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if conf in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except OSError:
+                continue
+    raise SystemExit(f"bench: no process of {node}")
+
+
+async def meta_leader_of(monitors: list[str]) -> str | None:
+    async with httpx.AsyncClient(timeout=1.0) as client:
+        for monitor in monitors:
+            try:
+                body = (await client.get(f"{monitor}/jsz")).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            if leader := (body.get("meta_cluster") or {}).get("leader"):
+                return str(leader)
+    return None
+
+
+@dataclass
+class Round:
+    acked: int = 0
+    ended_once: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    unended: int = 0
+    started_twice: int = 0
+
+
+async def chaos_round(
+    nc: Client, store: EventStore, data: Path, victim_of: Callable[[], Awaitable[str | None]],
+    turns_n: int,
+) -> Round:  # fmt: skip
+    """`turns_n` concurrent turns; once a quarter are acknowledged the victim's node is
+    SIGKILLed (`fleet up` restarts it). Then every acknowledged request must be present, every
+    turn started once and ended exactly once, no event id stored twice."""
+    result = Round()
+    sessions = [new_id() for _ in range(turns_n)]
+    acked: set[str] = set()
+    some_acked = asyncio.Event()
+
+    async def ask(session: str) -> None:
+        event = Envelope(
+            id=new_id(), tenant="chaos", session=session, turn=new_id(), actor=ACTOR,
+            ts=utc_now(), data=TurnRequested(message=f"chaos {session[:6]}"),
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:  # the same envelope each time: a resend is deduplicated by its id
+                await store.append(log_subject("chaos", session), event)
+            except Exception:
+                await asyncio.sleep(0.05)
+                continue
+            acked.add(session)
+            if len(acked) >= max(1, turns_n // 4):
+                some_acked.set()
+            return
+
+    asking = [asyncio.create_task(ask(s)) for s in sessions]
+    await asyncio.wait_for(some_acked.wait(), 60)
+    victim = await victim_of()
+    if victim is not None:
+        os.kill(pid_of(data, victim), signal.SIGKILL)
+    await asyncio.gather(*asking)
+    result.acked = len(acked)
+
+    async def settled(session: str) -> list[StoredEvent]:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                seen = [e async for e in store.replay(log_subject("chaos", session))]
+            except Exception:
+                seen = []
+            ended = [e for e in seen if isinstance(e.envelope.data, TurnCompleted | TurnFailed)]
+            if ended or time.monotonic() > deadline:
+                return seen
+            await asyncio.sleep(0.2)
+
+    for session in sorted(acked):
+        seen = await settled(session)
+        ids = [e.envelope.id for e in seen]
+        kinds = [type(e.envelope.data).__name__ for e in seen]
+        result.duplicated += len(ids) - len(set(ids))
+        result.lost += "TurnRequested" not in kinds
+        ends = sum(k in ("TurnCompleted", "TurnFailed") for k in kinds)
+        result.ended_once += ends == 1
+        result.unended += ends == 0
+        result.started_twice += kinds.count("TurnStarted") > 1
+    return result
+
+
+async def chaos(rounds: int, turns_n: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-chaos-") as tmp:
+        async with running_mesh(Path(tmp), NODES) as (nc, data, recorded):
+            monitors = [n["monitor"] for n in recorded["cluster"]]
+            store = await open_store(nc.jetstream(), streams.SESSIONS, timeout=2.0)
+            points: dict[str, Callable[[], Awaitable[str | None]]] = {
+                "SESSIONS' leader": lambda: leader_of(nc, streams.SESSIONS.name),
+                "the meta leader": lambda: meta_leader_of(monitors),
+            }
+            for point, victim_of in points.items():
+                results = []
+                for _ in range(rounds):
+                    await until(lambda: caught_up(nc), 120, "the cluster to be whole")
+                    results.append(await chaos_round(nc, store, data, victim_of, turns_n))
+                clean = sum(
+                    r.lost == r.duplicated == r.unended == r.started_twice == 0
+                    and r.ended_once == r.acked
+                    for r in results
+                )
+                print(
+                    f"== chaos: SIGKILL of {point}'s node under {turns_n} concurrent turns\n"
+                    f"   rounds clean {clean} of {rounds}; acknowledged "
+                    f"{sum(r.acked for r in results)}, ended exactly once "
+                    f"{sum(r.ended_once for r in results)}, never ended "
+                    f"{sum(r.unended for r in results)}, lost "
+                    f"{sum(r.lost for r in results)}, stored twice "
+                    f"{sum(r.duplicated for r in results)}, started twice "
+                    f"{sum(r.started_twice for r in results)}",
+                    flush=True,
+                )
+
+
 async def main(samples: int, rounds: int, turn_count: int) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         root = Path(tmp)
@@ -317,8 +459,15 @@ if __name__ == "__main__":
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument(
+        "--chaos", type=int, default=0, metavar="ROUNDS",
+        help="only the chaos rounds: ROUNDS per kill point, 20 concurrent turns each",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="--samples 60 --kills 2 --turns 8")
     args = parser.parse_args()
     if args.quick:
         args.samples, args.kills, args.turns = 60, 2, 8
-    asyncio.run(main(args.samples, args.kills, args.turns))
+    if args.chaos:
+        asyncio.run(chaos(args.chaos, 20))
+    else:
+        asyncio.run(main(args.samples, args.kills, args.turns))

@@ -78,3 +78,16 @@ def test_cluster_bench_prints_three_nodes_beside_one_and_the_leader_kill() -> No
         r"next acknowledged append \(2 rounds\)\n +p50 \d+\.\d+ s +p99 \d+\.\d+ s", out
     )
     assert "acknowledged appends lost after the heals: 0 of 2" in out  # nothing acknowledged lost
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_cluster_chaos_rounds_lose_nothing_acknowledged_and_end_every_turn_once() -> None:
+    """One round per kill point here; ten in the bench (`bench/cluster.py --chaos 10`)."""
+    out = run_bench("bench/cluster.py", "--chaos", "1", timeout=360)
+    for point in ("SESSIONS' leader", "the meta leader"):
+        block = out.split(f"SIGKILL of {point}'s node under 20 concurrent turns\n", 1)[1]
+        line = block.splitlines()[0]
+        assert "rounds clean 1 of 1" in line, line
+        assert re.search(r"acknowledged (\d+), ended exactly once \1, never ended 0", line), line
+        assert "lost 0, stored twice 0, started twice 0" in line, line

@@ -21,7 +21,7 @@ from fleet_events.session import (
 from fleet_harness.scripted_lm import Reply, ScriptedLM
 from fleet_mesh.blobs import JetStreamBlobs
 
-from .rlm_kit import Processes, fields, of_type, processes, session
+from .rlm_kit import Processes, Session, fields, of_type, processes, session
 
 __all__ = ["processes"]
 
@@ -36,6 +36,17 @@ def code(text: str) -> str:
 
 def cot(answer: str) -> str:
     return fields(reasoning="thinking", answer=answer, needs_tools="False")
+
+
+async def ask_about(s: Session, question: str, alias: str, origin: str, text: str) -> str:
+    """`text` uploaded as the session's document `alias`, then `question` asked with it."""
+    blobs = await JetStreamBlobs.open(s.nc.jetstream())
+    blob = await blobs.put(s.tenant, text.encode())
+    doc = DocumentRef(alias=alias, source="upload", origin=origin, blob=blob, chars=len(text))
+    await s.append(None, DocumentLoaded(document=doc))
+    turn = new_id()
+    await s.append(turn, TurnRequested(message=question, document_ids=(alias,)))
+    return turn
 
 
 async def test_arithmetic_is_computed_by_one_cell_and_the_answer_cites_it(
@@ -69,15 +80,8 @@ async def test_a_count_over_an_attached_document_runs_over_its_text(processes: P
     with ScriptedLM([code(count)]) as fake:
         async with session(processes) as s:
             await s.use_model(fake)
-            blobs = await JetStreamBlobs.open(s.nc.jetstream())
-            blob = await blobs.put(s.tenant, text.encode())
-            doc = DocumentRef(
-                alias="hay", source="upload", origin="haystack.txt", blob=blob, chars=len(text)
-            )
-            await s.append(None, DocumentLoaded(document=doc))
-            turn = new_id()
             asked = "How many lines contain NEEDLE?"
-            await s.append(turn, TurnRequested(message=asked, document_ids=("hay",)))
+            turn = await ask_about(s, asked, "hay", "haystack.txt", text)
             ended = await s.ended(turn, timeout=120)
             events = await s.run_events(turn)
     assert isinstance(ended, TurnCompleted), ended
@@ -96,15 +100,8 @@ async def test_a_column_of_an_attached_csv_is_summed_over_rows_the_prelude_parse
     with ScriptedLM([code(total)]) as fake:
         async with session(processes) as s:
             await s.use_model(fake)
-            blobs = await JetStreamBlobs.open(s.nc.jetstream())
-            blob = await blobs.put(s.tenant, sales.encode())
-            doc = DocumentRef(
-                alias="sales", source="upload", origin="sales.csv", blob=blob, chars=len(sales)
-            )
-            await s.append(None, DocumentLoaded(document=doc))
-            turn = new_id()
             asked = "What is the sum of the units column?"
-            await s.append(turn, TurnRequested(message=asked, document_ids=("sales",)))
+            turn = await ask_about(s, asked, "sales", "sales.csv", sales)
             ended = await s.ended(turn, timeout=120)
     assert isinstance(ended, TurnCompleted), ended
     assert ended.answer.splitlines()[0] == "74"  # ints, not the strings "12" + "7" + ...

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -34,7 +35,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,7 +53,7 @@ from fleet_harness.bench import report, side_by_side, stats
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
-from fleet_mesh.natsserver import NatsServer, free_port
+from fleet_mesh.natsserver import NatsServer, Routes, free_port
 from fleet_mesh.store import EMPTY, EventStore, StoredEvent, open_store
 
 ACTOR = Actor(service="bench", replica="b-0")
@@ -331,6 +332,7 @@ class Round:
     duplicated: int = 0
     unended: int = 0
     started_twice: int = 0
+    unended_sessions: list[str] = field(default_factory=list)
 
 
 async def chaos_round(
@@ -391,6 +393,8 @@ async def chaos_round(
         ends = sum(k in ("TurnCompleted", "TurnFailed") for k in kinds)
         result.ended_once += ends == 1
         result.unended += ends == 0
+        if ends == 0:
+            result.unended_sessions.append(session)
         result.started_twice += kinds.count("TurnStarted") > 1
     return result
 
@@ -414,6 +418,11 @@ async def chaos(rounds: int, turns_n: int) -> None:
                     and r.ended_once == r.acked
                     for r in results
                 )
+                unended = [s for r in results for s in r.unended_sessions]
+                if unended:  # keep the mesh's logs to read why (the data dir goes with tmp)
+                    kept = Path(tempfile.mkdtemp(prefix="bench-cluster-kept-"))
+                    shutil.copytree(data / "logs", kept / "logs")
+                    print(f"   never ended: {unended}; logs kept in {kept}", flush=True)
                 print(
                     f"== chaos: SIGKILL of {point}'s node under {turns_n} concurrent turns\n"
                     f"   rounds clean {clean} of {rounds}; acknowledged "
@@ -425,6 +434,161 @@ async def chaos(rounds: int, turns_n: int) -> None:
                     f"{sum(r.started_twice for r in results)}",
                     flush=True,
                 )
+
+
+class CutProxy:
+    """A TCP relay to one node's route port that the bench can cut (close every connection,
+    refuse new ones) and heal: the node's routes go through it, its client port does not."""
+
+    def __init__(self, target: int) -> None:
+        self.target, self.cut = target, False
+        self.port = 0
+        self._open: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> "CutProxy":
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+        self._open |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while (data := await src.read(65536)) and not self.cut:
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._open -= {writer, up_writer}
+
+    def sever(self) -> None:
+        self.cut = True
+        for writer in list(self._open):
+            writer.close()
+
+    def heal(self) -> None:
+        self.cut = False
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+async def partitioned_cluster(root: Path) -> tuple[list[NatsServer], list[CutProxy]]:
+    """Three nodes, the last one's routes (both ways) through proxies; no route address is
+    gossiped, so no node can dial round them."""
+    clients = [free_port() for _ in range(NODES)]
+    routes = [free_port() for _ in range(NODES)]
+    monitors = [free_port() for _ in range(NODES)]
+    cut = NODES - 1
+    to_cut = await CutProxy(routes[cut]).start()  # the others' way to it
+    from_cut = [await CutProxy(routes[i]).start() for i in range(cut)]  # its way to them
+    servers = []
+    for i in range(NODES):
+        peers = tuple(p.port for p in from_cut) if i == cut else (*routes[:cut], to_cut.port)
+        server = NatsServer(
+            store_dir=root / f"node-{i}", port=clients[i], server_name=f"nats-{i}",
+            sync_interval="always",
+            routes=Routes("fleet-bench", routes[i], peers, monitors[i], advertise=False),
+        )  # fmt: skip
+        server.store_dir.mkdir(parents=True)
+        server.log_path = server.store_dir / "server.log"
+        servers.append(server.start())
+    monitor_urls = [f"http://127.0.0.1:{m}" for m in monitors]
+
+    async def elected() -> bool:
+        return await meta_leader_of(monitor_urls) is not None
+
+    await until(elected, 60, "a meta leader")
+    return servers, [to_cut, *from_cut]
+
+
+async def cut_rounds(rounds: int, per_side: int = 3) -> None:
+    """The last node's routes cut while its client port answers: appends sent to it must be
+    refused or time out and be absent after the heal; the majority's are acknowledged."""
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-cut-") as tmp:
+        servers, proxies = await partitioned_cluster(Path(tmp))
+        majority_nc = await connect(",".join(s.url for s in servers[:-1]), name="bench-major")
+        minority_nc = await connect(servers[-1].url, name="bench-minor")
+        tallies = {"refused": 0, "acked_cut": 0, "present_cut": 0, "acked": 0, "present": 0}
+        clean = 0
+        try:
+            js = majority_nc.jetstream()
+            await bootstrap(js, replicas=NODES)
+            major = await open_store(js, streams.SESSIONS, timeout=2.0)
+            minor = await open_store(
+                minority_nc.jetstream(timeout=2.0), streams.SESSIONS, timeout=2.0
+            )
+            for round_ in range(rounds):
+                await until(lambda: caught_up(majority_nc), 120, "the cluster to be whole")
+                session = new_id()
+                subject = log_subject("bench", session)
+                for proxy in proxies:
+                    proxy.sever()
+                sent_cut, acked_cut = [], []
+                for i in range(per_side):
+                    event = envelope(session, f"round {round_}: to the cut-off node {i}")
+                    sent_cut.append(event.id)
+                    try:
+                        await minor.append(subject, event)
+                        acked_cut.append(event.id)
+                    except Exception:  # refused or timed out: what a minority must answer
+                        tallies["refused"] += 1
+                acked = []
+                for i in range(per_side):
+                    event = envelope(session, f"round {round_}: to the majority {i}")
+                    deadline = time.monotonic() + 30
+                    while time.monotonic() < deadline:
+                        try:  # the same event each time: a resend is deduplicated
+                            await major.append(subject, event)
+                        except Exception:  # the majority electing a leader: again
+                            await asyncio.sleep(0.1)
+                            continue
+                        acked.append(event.id)
+                        break
+                for proxy in proxies:
+                    proxy.heal()
+                await until(lambda: caught_up(majority_nc), 120, "the heal")
+                stored = {e.envelope.id async for e in major.replay(subject)}
+                present_cut = len(stored & set(sent_cut))
+                tallies["acked_cut"] += len(acked_cut)
+                tallies["present_cut"] += present_cut
+                tallies["acked"] += len(acked)
+                tallies["present"] += len(stored & set(acked))
+                clean += (
+                    not acked_cut and present_cut == 0 and set(acked) <= stored
+                    and len(acked) == per_side
+                )  # fmt: skip
+        finally:
+            await majority_nc.close()
+            await minority_nc.close()
+            for proxy in proxies:
+                proxy.close()
+            for server in servers:
+                server.stop()
+    print(
+        f"== chaos: the last node's routes cut, its client port reachable ({rounds} rounds)\n"
+        f"   rounds clean {clean} of {rounds}; appends sent to the cut-off node "
+        f"{rounds * per_side}: refused or timed out {tallies['refused']}, acknowledged "
+        f"{tallies['acked_cut']}, present after the heal {tallies['present_cut']}; appends to "
+        f"the majority acknowledged {tallies['acked']} of {rounds * per_side}, present "
+        f"{tallies['present']}",
+        flush=True,
+    )
 
 
 async def main(samples: int, rounds: int, turn_count: int) -> None:
@@ -469,5 +633,6 @@ if __name__ == "__main__":
         args.samples, args.kills, args.turns = 60, 2, 8
     if args.chaos:
         asyncio.run(chaos(args.chaos, 20))
+        asyncio.run(cut_rounds(args.chaos))
     else:
         asyncio.run(main(args.samples, args.kills, args.turns))

@@ -47,6 +47,9 @@ class Routes:
     port: int
     peers: tuple[int, ...]
     monitor_port: int
+    advertise: bool = True
+    """False: the node does not gossip its route address, so peers dial only the `peers` they
+    were given (a test that routes one node through a proxy it can cut)."""
 
 
 @dataclass
@@ -86,7 +89,8 @@ class NatsServer:
                 "cluster {\n"
                 f'  name: "{self.routes.name}"\n'
                 f'  listen: "127.0.0.1:{self.routes.port}"\n'
-                f"  routes: [{peers}]\n"
+                + ("" if self.routes.advertise else "  no_advertise: true\n")
+                + f"  routes: [{peers}]\n"
                 "}\n"
             )
         return text

@@ -42,9 +42,11 @@ from fleet_events.session import (
     log_subject,
 )
 from fleet_mesh.decider import Contended, Decided
-from fleet_mesh.work import Delivery, Settle
+from fleet_mesh.work import Delivery, Retry, Settle
 
 CANCEL = type_of_class(CancelRequested)
+STALE_READ_S = 2.0
+"""How soon a turn whose request a log read did not hold is delivered again."""
 D = TypeVar("D", bound=Decided)
 
 
@@ -74,7 +76,7 @@ class TurnWorker:
         """A test's barrier between a turn's stored end and its ack (`fleet_harness`)."""
         self._decode = msgspec.json.Decoder(TurnWork).decode
 
-    async def handle(self, delivery: Delivery) -> Settle:
+    async def handle(self, delivery: Delivery) -> Settle | Retry:
         try:
             work = self._decode(delivery.data)
             for kind, value in (("tenant", work.tenant), ("session", work.session)):
@@ -132,8 +134,12 @@ class TurnWorker:
             if record is not None and record.cancel_requested:
                 token.cancel(record.cancel_reason)
 
-    async def _take(self, work: TurnWork, delivery: Delivery, token: CancelToken) -> Settle:
+    async def _take(self, work: TurnWork, delivery: Delivery, token: CancelToken) -> Settle | Retry:
+        unseen = False
+
         def decide(state: turns.SessionTurns) -> turns.Start | turns.End | turns.Drop:
+            nonlocal unseen
+            unseen = work.turn not in state.turns
             return turns.start(
                 state, work.turn, delivery=delivery.attempt, max_attempts=self._max_attempts,
                 replica=self._replica, restartable=self._runner.restartable,
@@ -142,6 +148,15 @@ class TurnWorker:
         decision = await self._decide(work, decide)
         if decision is None:
             return Settle.NAK  # a very busy log: let the next delivery try again
+        if isinstance(decision, turns.Drop) and unseen and delivery.attempt < self._max_attempts:
+            # The dispatcher saw this turn's request stored, so a log read without it is a
+            # stale one: in a cluster, a replica still catching up answers direct gets (a
+            # node restarted after its leader was killed). Dropping it would lose the turn.
+            self._logger.warning(
+                "the log read does not hold this turn's request yet: delivered again",
+                extra={"turn": work.turn, "requested_seq": work.requested_seq},
+            )
+            return Retry(STALE_READ_S)
         if isinstance(decision, turns.Drop):
             self._logger.info("turn not run", extra={"turn": work.turn, "why": decision.why})
             return Settle.ACK

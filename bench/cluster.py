@@ -437,13 +437,18 @@ async def chaos(rounds: int, turns_n: int) -> None:
 
 
 class CutProxy:
-    """A TCP relay to one node's route port that the bench can cut (close every connection,
-    refuse new ones) and heal: the node's routes go through it, its client port does not."""
+    """A TCP relay in front of one node's route port. Every route connection of the cluster
+    passes through one (each node advertises its proxy, so gossip never names a real port),
+    and the relay reads who dialed from the route's CONNECT (its server id). `sever` closes
+    the connections that involve the isolated node (all of its own proxy's, and the ones it
+    dialed) and refuses new ones until `heal`."""
 
-    def __init__(self, target: int) -> None:
-        self.target, self.cut = target, False
+    def __init__(self, target: int, fronts_isolated: bool) -> None:
+        self.target, self.fronts_isolated = target, fronts_isolated
+        self.isolated_id = ""  # the isolated node's server id, once known
+        self.cut = False
         self.port = 0
-        self._open: set[asyncio.StreamWriter] = set()
+        self._open: dict[tuple[asyncio.StreamWriter, asyncio.StreamWriter], bytes] = {}
         self._server: asyncio.Server | None = None
 
     async def start(self) -> "CutProxy":
@@ -452,19 +457,17 @@ class CutProxy:
         return self
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.cut:
-            writer.close()
-            return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
         except OSError:
             writer.close()
             return
-        self._open |= {writer, up_writer}
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, first: bytes) -> None:
             try:
-                while (data := await src.read(65536)) and not self.cut:
+                if first:
+                    dst.write(first)
+                while data := await src.read(65536):
                     dst.write(data)
                     await dst.drain()
             except OSError:
@@ -472,13 +475,32 @@ class CutProxy:
             finally:
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        self._open -= {writer, up_writer}
+        back = asyncio.create_task(pipe(up_reader, writer, b""))  # the target's INFO first
+        try:
+            connect = await asyncio.wait_for(reader.readline(), 10)  # the dialer's CONNECT
+        except (TimeoutError, OSError):
+            connect = b""
+        if self.cut and self._involves(connect):
+            writer.close()
+            up_writer.close()
+            back.cancel()
+            return
+        pair = (writer, up_writer)
+        self._open[pair] = connect
+        await asyncio.gather(pipe(reader, up_writer, connect), back)
+        self._open.pop(pair, None)
+
+    def _involves(self, connect: bytes) -> bool:
+        """Judged when asked (the isolated node's id is learned after the routes form)."""
+        named = bool(self.isolated_id) and f'"name":"{self.isolated_id}"'.encode() in connect
+        return self.fronts_isolated or named
 
     def sever(self) -> None:
         self.cut = True
-        for writer in list(self._open):
-            writer.close()
+        for (writer, up_writer), hello in list(self._open.items()):
+            if self._involves(hello):
+                writer.close()
+                up_writer.close()
 
     def heal(self) -> None:
         self.cut = False
@@ -489,32 +511,36 @@ class CutProxy:
 
 
 async def partitioned_cluster(root: Path) -> tuple[list[NatsServer], list[CutProxy]]:
-    """Three nodes, the last one's routes (both ways) through proxies; no route address is
-    gossiped, so no node can dial round them."""
+    """Three nodes whose routes all pass through proxies; the last node can be cut off."""
     clients = [free_port() for _ in range(NODES)]
     routes = [free_port() for _ in range(NODES)]
     monitors = [free_port() for _ in range(NODES)]
-    cut = NODES - 1
-    to_cut = await CutProxy(routes[cut]).start()  # the others' way to it
-    from_cut = [await CutProxy(routes[i]).start() for i in range(cut)]  # its way to them
+    isolated = NODES - 1
+    proxies = [await CutProxy(routes[i], i == isolated).start() for i in range(NODES)]
     servers = []
     for i in range(NODES):
-        peers = tuple(p.port for p in from_cut) if i == cut else (*routes[:cut], to_cut.port)
         server = NatsServer(
             store_dir=root / f"node-{i}", port=clients[i], server_name=f"nats-{i}",
             sync_interval="always",
-            routes=Routes("fleet-bench", routes[i], peers, monitors[i], advertise=False),
+            routes=Routes(
+                "fleet-bench", routes[i], tuple(p.port for p in proxies), monitors[i],
+                advertise_port=proxies[i].port,
+            ),
         )  # fmt: skip
         server.store_dir.mkdir(parents=True)
         server.log_path = server.store_dir / "server.log"
         servers.append(server.start())
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        varz = (await client.get(f"http://127.0.0.1:{monitors[isolated]}/varz")).json()
+    for proxy in proxies:
+        proxy.isolated_id = str(varz["server_id"])
     monitor_urls = [f"http://127.0.0.1:{m}" for m in monitors]
 
     async def elected() -> bool:
         return await meta_leader_of(monitor_urls) is not None
 
     await until(elected, 60, "a meta leader")
-    return servers, [to_cut, *from_cut]
+    return servers, proxies
 
 
 async def cut_rounds(rounds: int, per_side: int = 3) -> None:

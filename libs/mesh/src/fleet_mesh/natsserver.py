@@ -47,9 +47,10 @@ class Routes:
     port: int
     peers: tuple[int, ...]
     monitor_port: int
-    advertise: bool = True
-    """False: the node does not gossip its route address, so peers dial only the `peers` they
-    were given (a test that routes one node through a proxy it can cut)."""
+    advertise_port: int = 0
+    """The route port this node tells its peers to dial (gossiped to the ones that learn of it
+    through others); 0: its own `port`. A test that fronts each node with a proxy it can cut
+    names the proxy here, so no peer dials round it."""
 
 
 @dataclass
@@ -89,7 +90,11 @@ class NatsServer:
                 "cluster {\n"
                 f'  name: "{self.routes.name}"\n'
                 f'  listen: "127.0.0.1:{self.routes.port}"\n'
-                + ("" if self.routes.advertise else "  no_advertise: true\n")
+                + (
+                    f'  advertise: "127.0.0.1:{self.routes.advertise_port}"\n'
+                    if self.routes.advertise_port
+                    else ""
+                )
                 + f"  routes: [{peers}]\n"
                 "}\n"
             )

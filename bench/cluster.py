@@ -413,9 +413,11 @@ async def chaos(rounds: int, turns_n: int) -> None:
                 for _ in range(rounds):
                     await until(lambda: caught_up(nc), 120, "the cluster to be whole")
                     results.append(await chaos_round(nc, store, data, victim_of, turns_n))
+                # a turn started twice (its work item redelivered as a consumer's leader
+                # changed, attempt 2 fencing attempt 1) that ended once is reported, not
+                # unclean: the attempts are the design's answer to at-least-once delivery
                 clean = sum(
-                    r.lost == r.duplicated == r.unended == r.started_twice == 0
-                    and r.ended_once == r.acked
+                    r.lost == r.duplicated == r.unended == 0 and r.ended_once == r.acked
                     for r in results
                 )
                 unended = [s for r in results for s in r.unended_sessions]
@@ -430,8 +432,8 @@ async def chaos(rounds: int, turns_n: int) -> None:
                     f"{sum(r.ended_once for r in results)}, never ended "
                     f"{sum(r.unended for r in results)}, lost "
                     f"{sum(r.lost for r in results)}, stored twice "
-                    f"{sum(r.duplicated for r in results)}, started twice "
-                    f"{sum(r.started_twice for r in results)}",
+                    f"{sum(r.duplicated for r in results)}; started twice (a second attempt, "
+                    f"ended once) {sum(r.started_twice for r in results)}",
                     flush=True,
                 )
 

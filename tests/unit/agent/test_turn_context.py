@@ -161,3 +161,48 @@ def test_only_a_regular_table_is_read_as_csv() -> None:
     text = "line 1 hay\nline 2 NEEDLE\n"
     assert table_columns(text) is None
     assert "read as CSV" not in code_variables(block([(ref("hay"), text)], [], ())).described
+
+
+def test_a_table_is_judged_as_the_prelude_parses_it() -> None:
+    # a bare carriage return between lines: DictReader over StringIO raises on it
+    assert table_columns("a,b\r1,2\r3,4") is None
+    # a first line that is blank: DictReader would key the rows by it
+    assert table_columns("\nname,qty\nx,1\n") is None
+    assert table_columns(" \na,b\n1,2\n") is None
+    assert table_columns("a,b\n1,2\n\n3,4\n") == ["a", "b"]  # blank rows between: skipped
+
+
+def test_only_plain_numbers_become_numbers_and_names_are_as_python_reads_them() -> None:
+    text = "name,zip,qty,ratio\nNan,007,12,0.5\ninf,10115,-3,1e3\n"
+    café = "cafe\u0301"  # a macOS file name: decomposed
+    inputs = code_variables(block([(ref(café), text)], [], ()))
+    (name,) = set(inputs.variables) - {"context"}
+    assert name == "caf\u00e9"  # NFKC, as Python reads `café` in the prelude's source
+    program = f"{name} = {text!r}\n{inputs.prelude}\nimport json\nprint(json.dumps({name}_rows))"
+    ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == [
+        {"name": "Nan", "zip": "007", "qty": 12, "ratio": 0.5},
+        {"name": "inf", "zip": 10115, "qty": -3, "ratio": 1000.0},
+    ]
+
+
+def test_no_name_shadows_a_builtin_or_another_variable() -> None:
+    table = "a,b\n1,2\n"
+    docs = [(ref("int"), table), (ref("a"), table), (ref("a_rows"), "x"), (ref("rows_2"), "y")]
+    inputs = code_variables(block(docs, [], ()))
+    assert "int" not in inputs.variables  # the prelude's own int() stays the builtin
+    assert {"document_1", "a", "a_rows", "rows_2"} <= set(inputs.variables)
+    made = [line.split(" = ", 1)[0] for line in inputs.prelude.splitlines() if "DictReader" in line]
+    assert made == ["document_1_rows", "rows_2_2"]  # the second table's rows take a free name
+    assert len(set(made) | set(inputs.variables)) == len(made) + len(inputs.variables)
+
+
+def test_a_wide_table_names_at_most_twenty_keys_each_cut_short() -> None:
+    header = ",".join(f"{'k' * 60}{i}" for i in range(30))
+    inputs = code_variables(
+        block([(ref("wide"), header + "\n" + ",".join("1" * 30) + "\n")], [], ())
+    )
+    (line,) = [x for x in inputs.described.splitlines() if "read as CSV" in x]
+    assert "and 10 more" in line
+    assert len(line) < 20 * 50 + 400

@@ -208,15 +208,22 @@ async def test_a_503_saying_when_is_asked_again_for_a_ticket_and_a_get_only() ->
         assert seen[6:] == ["POST /api/v1/sessions"]  # asked once
 
 
-async def test_a_503_without_retry_after_is_not_asked_again() -> None:
+async def test_a_503_not_saying_the_store_is_briefly_away_is_not_asked_again() -> None:
     seen: list[int] = []
+    answers = [
+        httpx.Response(503, json={"code": "store_unavailable", "message": "no"}),  # no when
+        httpx.Response(503, json={"code": "not_ready", "message": "run the bootstrap"},
+                       headers={"Retry-After": "1"}),  # a mesh not set up: not transient
+    ]  # fmt: skip
 
     def answer(_: httpx.Request) -> httpx.Response:
         seen.append(1)
-        return httpx.Response(503, json={"code": "not_ready", "message": "no"})
+        return answers[len(seen) - 1]
 
     target = Target("http://gateway.test", "token", "a test")
     async with Gateway(target, transport=httpx.MockTransport(answer)) as gateway:
+        with pytest.raises(ClientError, match="store_unavailable"):
+            await gateway.json("GET", "/api/v1/sessions")
         with pytest.raises(ClientError, match="not_ready"):
             await gateway.json("GET", "/api/v1/sessions")
-    assert len(seen) == 1
+    assert len(seen) == 2

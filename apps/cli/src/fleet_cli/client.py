@@ -72,12 +72,15 @@ leader election: seconds)."""
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    """Seconds to wait before asking again, for a 503 that says when (at most 5 s); else None."""
+    """Seconds to wait before asking again (at most 5 s), for a 503 `store_unavailable` that
+    says when: the transient one. Else None (a `not_ready` mesh is not waited on)."""
     if response.status_code != 503:
         return None
     try:
+        if response.json().get("code") != "store_unavailable":
+            return None
         return min(5.0, max(0.1, float(response.headers["Retry-After"])))
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, AttributeError):
         return None
 
 
@@ -141,9 +144,9 @@ class Gateway:
     async def request(
         self, method: str, path: str, *, again: bool | None = None, **kwargs: Any
     ) -> httpx.Response:
-        """Raises `ClientError` on a refusal. A 503 with `Retry-After` (the event store did not
-        answer: a cluster electing a leader) is asked again, for up to `UNAVAILABLE_S`, when
-        `again` (default: for a GET, which changes nothing)."""
+        """Raises `ClientError` on a refusal. A 503 `store_unavailable` with `Retry-After` (the
+        event store did not answer: a cluster electing a leader) is asked again, for up to
+        `UNAVAILABLE_S`, when `again` (default: for a GET, which changes nothing)."""
         again = method == "GET" if again is None else again
         deadline = time.monotonic() + UNAVAILABLE_S
         while True:

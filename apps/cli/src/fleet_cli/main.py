@@ -104,8 +104,8 @@ def up_command(
     if size > 1 and join_url is not None:
         console.print(
             "[red]fleet up cannot start:[/] --cluster starts nodes of its own, and NATS_URL "
-            "names a server to join: unset NATS_URL, or drop --cluster (the replicas then "
-            "follow the URLs it names, at most 3)"
+            "names a server to join: unset NATS_URL, or drop --cluster to join it "
+            '(docs/deployment.md, "Joining a cluster")'
         )
         raise typer.Exit(2)
     ports: tuple[int, ...] = ()

@@ -22,6 +22,7 @@ from fleet_cli.supervisor import Supervisor
 from fleet_events.subjects import SERVICES
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
+from fleet_mesh.elections import through_election
 from fleet_mesh.natsserver import NatsServer, nats_server_binary
 
 STATE_FILE = "up.json"
@@ -166,8 +167,8 @@ def _named(data_dir: Path, service: str, env: dict[str, str]) -> dict[str, str]:
 
 async def run_bootstrap(nats_url: str, replicas: int = 1) -> None:
     nc = await connect(nats_url, name="fleet-up")
-    try:
-        report = await bootstrap(nc.jetstream(), replicas=replicas)
+    try:  # a cluster's streams may still be electing their first leaders
+        report = await through_election(lambda: bootstrap(nc.jetstream(), replicas=replicas))
     except BadRequestError as exc:  # a cluster with a node down cannot place a new stream
         raise CannotStart(
             f"the bootstrap could not make the mesh's streams at {replicas} replicas: "
@@ -219,11 +220,11 @@ async def start_nats(supervisor: Supervisor, options: UpOptions, timeout: float 
 
 def stream_replicas(options: UpOptions) -> int:
     """Every stream, bucket and object store at one replica per node of a cluster `fleet up`
-    starts; joining `NATS_URL`, one per URL it names, at most 3 (a stream kept elsewhere at
-    other replicas is left as its operator set it: `fleet_mesh.bootstrap`)."""
-    if options.join_url is None:
-        return options.cluster_size
-    return min(3, len([u for u in options.join_url.split(",") if u.strip()]))
+    starts; joining `NATS_URL`, one (several URLs may be one server's failover list, where
+    more replicas are refused): an operator makes a cluster's streams first with
+    `python -m fleet_mesh.bootstrap --replicas 3`, and a stream that exists keeps its replicas
+    (`fleet_mesh.bootstrap`)."""
+    return options.cluster_size if options.join_url is None else 1
 
 
 async def start_cluster(

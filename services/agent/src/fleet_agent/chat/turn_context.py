@@ -14,10 +14,13 @@ goes to the RLM, as a long message does). A `tools_only` turn cannot reach the R
 document past the threshold is named, not put in, and ReAct reads it with the document tools.
 """
 
+import builtins
 import csv
+import io
 import keyword
 import logging
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from fleet_agent.chat.documents import text_of
@@ -112,41 +115,66 @@ class CodeInputs:
 
 
 TABLE_MAX_COLUMNS = 50
+DESCRIBED_COLUMNS = 20
+"""At most this many of a table's keys are named in the prompt, each cut to 40 characters."""
 _ROWS_PRELUDE = [
-    "import csv as _fleet_csv, io as _fleet_io",
+    "import csv as _fleet_csv, io as _fleet_io, re as _fleet_re",
+    "_fleet_int = _fleet_re.compile(r'-?(0|[1-9][0-9]*)')",
+    "_fleet_float = _fleet_re.compile(",
+    "    r'-?((0|[1-9][0-9]*)([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+)?')",
     "def _fleet_value(v):",
-    "    for kind in (int, float):",
-    "        try:",
-    "            return kind(v)",
-    "        except (TypeError, ValueError):",
-    "            pass",
+    "    if _fleet_int.fullmatch(v):",
+    "        return int(v)",
+    "    if _fleet_float.fullmatch(v):",
+    "        return float(v)",
     "    return v",
 ]
-"""Defines what reads an attached table's rows in the sandbox, numbers as numbers."""
+"""Defines what reads an attached table's rows in the sandbox: a plain integer (no leading
+zero: "007" is a code, not 7) or decimal becomes a number; anything else ("nan", "inf", a
+name) stays text."""
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    """`text`'s rows as the prelude's `csv.DictReader` over `io.StringIO(text)` reads them."""
+    return list(csv.reader(io.StringIO(text)))
 
 
 def table_columns(text: str) -> list[str] | None:
-    """The header of `text` when it is a CSV table (a header of 2 to `TABLE_MAX_COLUMNS`
-    distinct non-empty names, at least one row, every non-blank row as wide as the header),
-    else None. Pure: only the code route's prompt and prelude depend on it, never the text."""
+    """The header of `text` when it is a CSV table (its first line a header of 2 to
+    `TABLE_MAX_COLUMNS` distinct non-empty names, at least one row, every row as wide as the
+    header; blank lines between rows are skipped, as `csv.DictReader` skips them), else None.
+    Parsed exactly as the prelude parses it, so what the prompt promises is what the cell
+    gets. Pure: only the code route's prompt and prelude depend on it, never the text."""
     try:
-        rows = [row for row in csv.reader(text.splitlines()) if any(cell.strip() for cell in row)]
-    except csv.Error:
+        rows = _csv_rows(text)
+    except csv.Error:  # e.g. a bare carriage return between lines: the prelude would fail
         return None
     if len(rows) < 2:
         return None
-    header = rows[0]  # as `csv.DictReader` will key the rows
+    header, body = rows[0], [row for row in rows[1:] if row]
     if not 2 <= len(header) <= TABLE_MAX_COLUMNS or not all(cell.strip() for cell in header):
         return None
-    if len(set(header)) != len(header) or any(len(row) != len(header) for row in rows[1:]):
+    if not body or len(set(header)) != len(header) or any(len(r) != len(header) for r in body):
         return None
     return header
 
 
+_RESERVED = frozenset(dir(builtins))
+"""A variable named like a builtin (a document called `int`) would shadow it in the cell."""
+
+
 def _name(wanted: str, taken: dict[str, str], fallback: str) -> str:
-    name = re.sub(r"\W", "_", wanted)
-    ok = name.isidentifier() and not keyword.iskeyword(name) and name not in taken
-    return name if ok else fallback
+    """A Python name for `wanted` not in `taken`: as Python reads source (NFKC), else
+    `fallback` (made unique with a number)."""
+    name = re.sub(r"\W", "_", unicodedata.normalize("NFKC", wanted))
+    ok = name.isidentifier() and not keyword.iskeyword(name)
+    if ok and name not in taken and name not in _RESERVED and not name.startswith("_fleet"):
+        return name
+    candidate, n = fallback, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{fallback}_{n}"
+    return candidate
 
 
 def code_variables(block_text: str) -> CodeInputs:
@@ -199,10 +227,12 @@ def code_variables(block_text: str) -> CodeInputs:
             f"{rows} = [{{k: _fleet_value(v) for k, v in row.items()}} "
             f"for row in _fleet_csv.DictReader(_fleet_io.StringIO({source}))]"
         )
-        keys = ", ".join(repr(c) for c in columns)
+        keys = ", ".join(repr(c[:40]) for c in columns[:DESCRIBED_COLUMNS])
+        if len(columns) > DESCRIBED_COLUMNS:
+            keys += f" and {len(columns) - DESCRIBED_COLUMNS} more"
         lines.append(
             f"{rows}: list of dict, {source} read as CSV: one dict per row, keys {keys}, "
-            f"numbers already int or float (e.g. [row[{columns[-1]!r}] for row in {rows}])"
+            f"numbers already int or float (e.g. [row[{columns[-1][:40]!r}] for row in {rows}])"
         )
     lines.append(
         f"context: str, {len(block_text)} characters, everything attached together "

@@ -38,3 +38,22 @@ def test_a_run_whose_parent_is_not_in_the_export_is_a_root_and_no_run_is_empty()
     assert roots(run("orphan", "gone", 1), run("idle", None, 0)) == ["orphan"]
     # a (corrupt) parent loop ends the walk: no cell started `a`
     assert roots(run("a", "b", 1), run("b", "a", 0)) == ["a"]
+
+
+def test_the_replays_scratch_mounts_are_found_deepest_first() -> None:
+    from pathlib import Path
+
+    from fleet_cli.replay import mounts_under
+
+    info = "\n".join(
+        [
+            "22 1 8:1 / / rw - ext4 /dev/sda1 rw",
+            "90 22 7:3 / /tmp/fleet-replay-x/sandboxes/.families/f1 rw - ext4 /dev/loop3 rw",
+            "91 90 7:4 / /tmp/fleet-replay-x/sandboxes/.families/f1/inner rw - ext4 /dev/loop4 rw",
+            "92 22 7:5 / /tmp/fleet-replay-xy/other rw - ext4 /dev/loop5 rw",
+        ]
+    )
+    assert mounts_under(Path("/tmp/fleet-replay-x"), info) == [
+        "/tmp/fleet-replay-x/sandboxes/.families/f1/inner",
+        "/tmp/fleet-replay-x/sandboxes/.families/f1",
+    ]  # a sibling directory sharing the prefix is not ours

@@ -247,6 +247,32 @@ async def local_broker(root: Path) -> AsyncIterator[Any]:
                 broker.kill()
                 broker.wait(10)
         server.stop()
+        _unmount_under(root)
+
+
+def mounts_under(root: Path, mountinfo: str) -> list[str]:
+    """Mount points at or below `root` in a `/proc/self/mountinfo` text, deepest first. Pure."""
+    top = str(root.resolve())
+    points = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            point = fields[4].replace("\\040", " ")
+            if point == top or point.startswith(top + "/"):
+                points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def _unmount_under(root: Path) -> None:
+    """The replay's broker mounts each sandbox family's disk image under `root`; one stopped
+    before it unmounted them (killed after its grace on a loaded machine) left them mounted,
+    and removing the scratch directory failed `EBUSY`. Whatever is still mounted there goes."""
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return
+    for point in mounts_under(root, mountinfo):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False, timeout=30)
 
 
 def _start_broker(env: dict[str, str], log_path: Path) -> "subprocess.Popen[bytes]":

@@ -314,14 +314,7 @@ def pid_of(data: Path, node: str) -> int:
 
 async def meta_leader_of(monitors: list[str]) -> str | None:
     async with httpx.AsyncClient(timeout=1.0) as client:
-        for monitor in monitors:
-            try:
-                body = (await client.get(f"{monitor}/jsz")).json()
-            except (httpx.HTTPError, ValueError):
-                continue
-            if leader := (body.get("meta_cluster") or {}).get("leader"):
-                return str(leader)
-    return None
+        return cluster.meta_leader([await cluster.jsz(client, m) for m in monitors])
 
 
 @dataclass

@@ -123,10 +123,11 @@ def server_of(node: Node, nodes: Sequence[Node], sync_interval: str) -> NatsServ
     )
 
 
-async def jsz(client: httpx.AsyncClient, node: Node, **params: str) -> dict[str, Any] | None:
-    """The node's `/jsz` (JetStream's own account of the cluster), or None if it is down."""
+async def jsz(client: httpx.AsyncClient, monitor: str, **params: str) -> dict[str, Any] | None:
+    """A node's `/jsz` at its `monitor` URL (JetStream's own account of the cluster), or None
+    if it is down."""
     try:
-        response = await client.get(f"{node.monitor}/jsz", params=params)
+        response = await client.get(f"{monitor}/jsz", params=params)
         response.raise_for_status()
         body: dict[str, Any] = response.json()
     except (httpx.HTTPError, ValueError):
@@ -151,7 +152,7 @@ async def wait_for_quorum(nodes: Sequence[Node], timeout: float) -> tuple[str, l
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(timeout=1.0) as client:
         while True:
-            answers = await asyncio.gather(*(jsz(client, n) for n in nodes))
+            answers = await asyncio.gather(*(jsz(client, n.monitor) for n in nodes))
             down = [n for n, a in zip(nodes, answers, strict=True) if a is None]
             leader = meta_leader(answers)
             if leader is not None:
@@ -241,11 +242,8 @@ def view_of(
 
 async def look(recorded: Sequence[dict[str, str]]) -> ClusterView:
     """Ask each recorded node's monitor for its account of the cluster."""
-    nodes = [
-        Node(i, 0, 0, int(r["monitor"].rsplit(":", 1)[1]), Path()) for i, r in enumerate(recorded)
-    ]
     async with httpx.AsyncClient(timeout=2.0) as client:
         answers = await asyncio.gather(
-            *(jsz(client, n, accounts="true", streams="true") for n in nodes)
+            *(jsz(client, r["monitor"], accounts="true", streams="true") for r in recorded)
         )
     return view_of(recorded, answers)

@@ -1,5 +1,9 @@
 import os
 import tempfile
+from pathlib import Path
+
+from fleet_events.access import ADMIN
+from fleet_mesh.credentials import CREDENTIALS_DIR_ENV, CREDENTIALS_ENV, ensure_credentials
 
 pytest_plugins = ["fleet_harness.fixtures"]
 
@@ -13,3 +17,11 @@ os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="fleet-test-state-")
 # model servers are fakes on loopback, so this test deployment allows loopback, as an operator
 # would allow an internal range. The tests of the policy clear it for their own processes.
 os.environ.setdefault("FLEET_EGRESS_ALLOW", "127.0.0.0/8")
+
+# Every NATS server of the suite requires credentials, one NKey user per role with the
+# permissions the bus catalog gives it (fleet_events.access), as `fleet up`'s servers do: a
+# service that does what its access table does not say fails its test here. The test process
+# itself is the admin; each service the harness starts gets its own role's seed.
+_credentials = ensure_credentials(Path(tempfile.mkdtemp(prefix="fleet-test-nats-")) / "creds")
+os.environ[CREDENTIALS_DIR_ENV] = str(_credentials.directory)
+os.environ[CREDENTIALS_ENV] = str(_credentials.seed_path(ADMIN))

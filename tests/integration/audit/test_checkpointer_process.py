@@ -36,7 +36,7 @@ from .conftest import envelope
 
 def _env(data: Path, nats_url: str) -> dict[str, str]:
     return {
-        **base_env(nats_url, "checkpointer-0"),
+        **base_env(nats_url, "checkpointer-0", "checkpointer"),
         CHECKPOINT_KEY_ENV: str(key_path(data, "checkpointer")),
         KEYSET_ENV: str(data / "keys" / "keyset.json"),
         CHECKPOINT_DIR_ENV: str(data / "checkpoints"),

@@ -103,7 +103,7 @@ async def test_gateway_stops_promptly_on_sigterm_when_nats_is_already_gone(
 def test_a_bad_gateway_setting_stops_it_with_one_line_naming_the_variable(
     nats_server: NatsServer,
 ) -> None:
-    env = base_env(nats_server.url, "gateway-0") | {"FLEET_GATEWAY_PORT": "http"}
+    env = base_env(nats_server.url, "gateway-0", "gateway") | {"FLEET_GATEWAY_PORT": "http"}
     done = subprocess.run(
         [sys.executable, "-m", "fleet_gateway"], env=env, capture_output=True, text=True, timeout=30
     )
@@ -119,7 +119,7 @@ def test_a_gateway_whose_port_is_taken_says_so_and_exits_non_zero(nats_server: N
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = base_env(nats_server.url, "gateway-0") | {"FLEET_GATEWAY_PORT": str(port)}
+        env = base_env(nats_server.url, "gateway-0", "gateway") | {"FLEET_GATEWAY_PORT": str(port)}
         done = subprocess.run(
             [sys.executable, "-m", "fleet_gateway"],
             env=env,

@@ -33,7 +33,7 @@ from fleet_mesh.natsserver import NatsServer, free_port
 def test_a_bad_setting_stops_the_process_with_one_line_naming_it(
     nats_server: NatsServer, variable: str, value: str, expected: str
 ) -> None:
-    env = base_env(nats_server.url, "quality-0") | {variable: value}
+    env = base_env(nats_server.url, "quality-0", "quality") | {variable: value}
     done = subprocess.run(
         [sys.executable, "-m", "fleet_quality"], env=env, capture_output=True, text=True, timeout=30
     )

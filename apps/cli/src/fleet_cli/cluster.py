@@ -23,7 +23,8 @@ import httpx
 
 from fleet_cli.children import ChildSpec
 from fleet_cli.supervisor import Supervisor
-from fleet_mesh.natsserver import NatsServer, Routes, nats_server_binary
+from fleet_mesh.credentials import Credentials
+from fleet_mesh.natsserver import NatsServer, Routes, default_credentials, nats_server_binary
 
 log = logging.getLogger("fleet.up")
 
@@ -107,7 +108,9 @@ def block(base: int, size: int) -> tuple[int, ...]:
     return tuple(range(base, base + PORTS_PER_NODE * size))
 
 
-def server_of(node: Node, nodes: Sequence[Node], sync_interval: str) -> NatsServer:
+def server_of(
+    node: Node, nodes: Sequence[Node], sync_interval: str, credentials: Credentials | None = None
+) -> NatsServer:
     routes = Routes(
         name=CLUSTER_NAME,
         port=node.route_port,
@@ -120,6 +123,7 @@ def server_of(node: Node, nodes: Sequence[Node], sync_interval: str) -> NatsServ
         server_name=node.name,
         sync_interval=sync_interval,
         routes=routes,
+        credentials=credentials or default_credentials(),
     )
 
 
@@ -170,12 +174,12 @@ async def wait_for_quorum(nodes: Sequence[Node], timeout: float) -> tuple[str, l
 
 def launch(
     supervisor: Supervisor, nodes: Sequence[Node], logs: Path, env: dict[str, str],
-    sync_interval: str,
+    sync_interval: str, credentials: Credentials | None = None,
 ) -> None:  # fmt: skip
     """Every node as a supervised child (restarted like a service, stopped last)."""
     specs = []
     for node in nodes:
-        server = server_of(node, nodes, sync_interval)
+        server = server_of(node, nodes, sync_interval, credentials)
         node.store_dir.mkdir(parents=True, exist_ok=True)
         conf = node.store_dir / "nats.conf"
         conf.write_text(server.config_text())

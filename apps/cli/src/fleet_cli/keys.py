@@ -69,7 +69,11 @@ CHECKPOINT_INTERVAL_S = 10.0
 
 @contextlib.asynccontextmanager
 async def checkpointing(
-    nats_url: str, data_dir: Path, *, interval_s: float | None = None
+    nats_url: str,
+    data_dir: Path,
+    *,
+    interval_s: float | None = None,
+    credentials: Path | None = None,
 ) -> AsyncIterator[Checkpointer]:
     """The checkpointer as a role of `fleet up`'s own process, the one process that holds the
     checkpoint key (no service is given it), on the same life as a service
@@ -84,7 +88,8 @@ async def checkpointing(
     period = interval_s if interval_s is not None else _interval()
     made: list[Checkpointer] = []
     setup = checkpointer_setup(signer, keys, directory, period, started=made.append)
-    settings = MeshSettings(nats_url=nats_url, replica=CHECKPOINTER)
+    # its own NATS user (`credentials`: the checkpointer's seed), not the admin's of fleet up
+    settings = MeshSettings(nats_url=nats_url, replica=CHECKPOINTER, credentials=credentials)
     async with service.running(CHECKPOINTER, setup, settings=settings):
         yield made[0]
 

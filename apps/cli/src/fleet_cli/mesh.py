@@ -17,15 +17,23 @@ from nats.js.errors import BadRequestError
 from fleet_cli import cluster
 from fleet_cli.children import ChildSpec, ChildView
 from fleet_cli.identity import BadReplicas, replica_name
-from fleet_cli.keys import checkpointing, ensure_keys, signing_env
+from fleet_cli.keys import CHECKPOINTER, checkpointing, ensure_keys, signing_env
 from fleet_cli.supervisor import Supervisor
+from fleet_events.access import ADMIN
 from fleet_events.subjects import SERVICES
 from fleet_mesh.bootstrap import bootstrap
-from fleet_mesh.connection import connect
+from fleet_mesh.connection import connect, using_credentials
+from fleet_mesh.credentials import (
+    CREDENTIALS_DIR_ENV,
+    CREDENTIALS_ENV,
+    Credentials,
+    ensure_credentials,
+)
 from fleet_mesh.elections import through_election
 from fleet_mesh.natsserver import NatsServer, nats_server_binary
 
 STATE_FILE = "up.json"
+CREDENTIALS_DIR = "credentials"
 AGENT_RUNNER = "chat"
 
 # Local is one node with no replica to recover from, and a laptop loses power more often than
@@ -123,8 +131,25 @@ def gateway_dir(data_dir: Path) -> Path:
     return Path(explicit) if explicit else (data_dir / "gateway").resolve()
 
 
-def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
+def credentials_of(options: UpOptions) -> Credentials | None:
+    """The NATS users of the mesh: the directory of seeds `FLEET_NATS_CREDENTIALS_DIR` names
+    (joining `NATS_URL`: the one the cluster's users were made from; the test harness sets it
+    for every mesh of the suite), else, for the servers `fleet up` starts, seeds it makes
+    under `<data dir>/credentials` (kept across restarts); joining with neither, none (an open
+    cluster, or every process on the one `FLEET_NATS_CREDENTIALS`)."""
+    directory = os.environ.get(CREDENTIALS_DIR_ENV)
+    if directory:
+        return ensure_credentials(Path(directory))
+    if options.join_url is None:
+        return ensure_credentials(options.data_dir / CREDENTIALS_DIR)
+    return None
+
+
+def service_specs(
+    options: UpOptions, nats_url: str, credentials: Credentials | None = None
+) -> list[ChildSpec]:
     env = {key: value for key, value in os.environ.items() if key != "FLEET_REPLICA"}
+    env.pop(CREDENTIALS_DIR_ENV, None)  # a service holds its own seed, never the others'
     env.update(
         NATS_URL=nats_url,
         PYTHONUNBUFFERED="1",
@@ -147,6 +172,11 @@ def service_specs(options: UpOptions, nats_url: str) -> list[ChildSpec]:
             env={
                 **_named(options.data_dir, service, env),
                 **signing_env(options.data_dir, service),
+                **(
+                    {CREDENTIALS_ENV: str(credentials.seed_path(service))}
+                    if credentials is not None
+                    else {}
+                ),
             },
             log_path=options.logs / f"{service}.log",
         )
@@ -180,13 +210,19 @@ async def run_bootstrap(nats_url: str, replicas: int = 1) -> None:
     log.info("bootstrap: created %s", ", ".join(report.created) or "nothing (all present)")
 
 
-async def start_nats(supervisor: Supervisor, options: UpOptions, timeout: float = 15.0) -> str:
+async def start_nats(
+    supervisor: Supervisor,
+    options: UpOptions,
+    credentials: Credentials | None,
+    timeout: float = 15.0,
+) -> str:
     """nats-server from the wheel as a supervised child (restarted like a service, stopped
     last), with the config `NatsServer` writes: loopback, private store, local sync_interval."""
     server = NatsServer(
         store_dir=options.data_dir / "nats",
         port=options.nats_port,
         sync_interval=LOCAL_SYNC_INTERVAL,
+        credentials=credentials,
     )
     server.store_dir.mkdir(parents=True, exist_ok=True)
     conf = server.store_dir / "nats.conf"
@@ -228,12 +264,18 @@ def stream_replicas(options: UpOptions) -> int:
 
 
 async def start_cluster(
-    supervisor: Supervisor, options: UpOptions, nodes: list[cluster.Node], timeout: float = 30.0
+    supervisor: Supervisor,
+    options: UpOptions,
+    nodes: list[cluster.Node],
+    credentials: Credentials | None,
+    timeout: float = 30.0,
 ) -> str:
     """The nodes as supervised children; returns their URLs once a meta leader is elected,
     naming the nodes that did not answer by then (a quorum is enough once the cluster has
     formed: `fleet_cli.cluster`)."""
-    cluster.launch(supervisor, nodes, options.logs, dict(os.environ), LOCAL_SYNC_INTERVAL)
+    cluster.launch(
+        supervisor, nodes, options.logs, dict(os.environ), LOCAL_SYNC_INTERVAL, credentials
+    )
     try:
         leader, down = await cluster.wait_for_quorum(nodes, timeout)
     except cluster.ClusterDown as exc:
@@ -263,30 +305,47 @@ async def up(
     options.logs.mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(grace_s=options.grace_s, on_change=on_change)
     state_file = options.data_dir / STATE_FILE
+    credentials = credentials_of(options)
+    admin = credentials.seed_path(ADMIN) if credentials is not None else None
     try:
-        nodes: list[cluster.Node] = []
-        if options.join_url is None and options.cluster_ports:
-            nodes = cluster.layout(options.data_dir, options.cluster_ports)
-            nats_url = await start_cluster(supervisor, options, nodes)
-        elif options.join_url is None:
-            nats_url = await start_nats(supervisor, options)
-            log.info("nats-server on %s (store %s)", nats_url, options.data_dir / "nats")
-        else:
-            nats_url = options.join_url
-            log.info("joining NATS at %s", nats_url)
-        await run_bootstrap(nats_url, replicas=stream_replicas(options))
-        async with checkpointing(nats_url, options.data_dir):
-            extra_env = await before_services(nats_url, supervisor) if before_services else {}
-            specs = service_specs(options, nats_url)
-            for spec in specs:
-                spec.env.update(extra_env)
-            supervisor.launch(*specs)
-            state = {"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url}
-            if nodes:  # `fleet status` asks each node's monitor for its account of the cluster
-                state["cluster"] = [n.recorded() for n in nodes]
-            state_file.write_text(json.dumps(state))
-            on_started(nats_url)
-            await supervisor.watch(stop)
+        with using_credentials(admin):
+            await _up(options, supervisor, stop, credentials, on_started, before_services)
     finally:
         await asyncio.to_thread(supervisor.stop)
         state_file.unlink(missing_ok=True)
+
+
+async def _up(
+    options: UpOptions,
+    supervisor: Supervisor,
+    stop: asyncio.Event,
+    credentials: Credentials | None,
+    on_started: Callable[[str], None],
+    before_services: BeforeServices | None,
+) -> None:
+    """`up`'s body, its own connections the admin's (`using_credentials`)."""
+    state_file = options.data_dir / STATE_FILE
+    nodes: list[cluster.Node] = []
+    if options.join_url is None and options.cluster_ports:
+        nodes = cluster.layout(options.data_dir, options.cluster_ports)
+        nats_url = await start_cluster(supervisor, options, nodes, credentials)
+    elif options.join_url is None:
+        nats_url = await start_nats(supervisor, options, credentials)
+        log.info("nats-server on %s (store %s)", nats_url, options.data_dir / "nats")
+    else:
+        nats_url = options.join_url
+        log.info("joining NATS at %s", nats_url)
+    await run_bootstrap(nats_url, replicas=stream_replicas(options))
+    checkpointer = credentials.seed_path(CHECKPOINTER) if credentials is not None else None
+    async with checkpointing(nats_url, options.data_dir, credentials=checkpointer):
+        extra_env = await before_services(nats_url, supervisor) if before_services else {}
+        specs = service_specs(options, nats_url, credentials)
+        for spec in specs:
+            spec.env.update(extra_env)
+        supervisor.launch(*specs)
+        state = {"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url}
+        if nodes:  # `fleet status` asks each node's monitor for its account of the cluster
+            state["cluster"] = [n.recorded() for n in nodes]
+        state_file.write_text(json.dumps(state))
+        on_started(nats_url)
+        await supervisor.watch(stop)

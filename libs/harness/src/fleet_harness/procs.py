@@ -20,6 +20,7 @@ from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
+from fleet_mesh.credentials import CREDENTIALS_DIR_ENV, CREDENTIALS_ENV, Credentials
 
 
 @dataclass
@@ -105,7 +106,7 @@ class Launcher:
         for _ in range(count):
             index = sum(1 for r in self.replicas if r.service == service)
             full_env = {
-                **base_env(self.nats_url, f"{service}-{index}"),
+                **base_env(self.nats_url, f"{service}-{index}", service),
                 **(env or {}),
             }
             replica = Replica(
@@ -139,10 +140,11 @@ def package_of(service: str, env: dict[str, str]) -> str:
     )
 
 
-def base_env(nats_url: str, replica: str) -> dict[str, str]:
+def base_env(nats_url: str, replica: str, role: str) -> dict[str, str]:
     """What a service process gets from the harness: nothing of the test's own environment
     beyond PATH and the deployment's egress allow-list (the suite's model servers, fakes all,
-    listen on loopback only: conftest.py allows it, a test of the policy clears it)."""
+    listen on loopback only: conftest.py allows it, a test of the policy clears it), and its
+    `role`'s NATS credentials where the suite's servers require them (conftest.py)."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "NATS_URL": nats_url,
@@ -151,6 +153,10 @@ def base_env(nats_url: str, replica: str) -> dict[str, str]:
     }
     if ALLOW_ENV in os.environ:
         env[ALLOW_ENV] = os.environ[ALLOW_ENV]
+    if os.environ.get(CREDENTIALS_DIR_ENV):
+        env[CREDENTIALS_ENV] = str(
+            Credentials(Path(os.environ[CREDENTIALS_DIR_ENV])).seed_path(role)
+        )
     return env
 
 
@@ -165,7 +171,7 @@ def start_answering(
         index=0,
         argv=[sys.executable, "-m", package_of(service, env)],
         env={
-            **base_env(nats_url, f"{service}-{uuid.uuid4().hex[:8]}"),
+            **base_env(nats_url, f"{service}-{uuid.uuid4().hex[:8]}", service),
             **env,
         },
         log_path=log_path,

@@ -5,12 +5,33 @@ keeps trying, the first connection as well as later ones, every `reconnect_time_
 service started before its NATS cluster (compose) comes up when the cluster does.
 """
 
+import contextlib
+import contextvars
+import logging
+import os
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
 import nats
 from nats.aio.client import Client
 
+from fleet_mesh.credentials import CREDENTIALS_ENV, connect_options
 from fleet_mesh.settings import DEFAULT_URL, load_settings, parse_servers
 
-__all__ = ["DEFAULT_URL", "MIN_SERVER", "ServerTooOld", "connect", "require_server_version"]
+__all__ = [
+    "DEFAULT_URL",
+    "MIN_SERVER",
+    "PermissionRefused",
+    "ServerTooOld",
+    "connect",
+    "refusals",
+    "require_permitted",
+    "require_server_version",
+    "using_credentials",
+]
+
+log = logging.getLogger("fleet.nats")
 
 MIN_SERVER = (2, 12, 0)
 
@@ -43,16 +64,109 @@ def require_server_version(nc: Client, minimum: tuple[int, int, int] = MIN_SERVE
         )
 
 
-async def connect(url: str | None = None, *, name: str = "fleet") -> Client:
-    """`url` (one URL or a comma-separated list) or else `NATS_URL`, through `MeshSettings`."""
-    servers = parse_servers(url) if url else load_settings().servers
+class PermissionRefused(RuntimeError):
+    """The server refused a publish or subscribe of this connection's credentials."""
+
+
+_CREDENTIALS: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "fleet_nats_credentials", default=None
+)
+_REFUSED: "weakref.WeakKeyDictionary[Client, list[str]]" = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def using_credentials(path: Path | None) -> Iterator[None]:
+    """Connections made inside (tasks started inside included) use `path` when they name no
+    credentials of their own: `fleet up`'s own connections are the admin's, whatever the
+    environment it was started from says."""
+    token = _CREDENTIALS.set(path)
+    try:
+        yield
+    finally:
+        _CREDENTIALS.reset(token)
+
+
+def refusals(nc: Client) -> list[str]:
+    """The server's permission refusals of this connection so far, as it worded them: nats-py
+    lowercases the server's error text, so a refused subscription's subject is given back as
+    the connection spelled it (a refused publish's stays lowercase: the client keeps no record
+    of what it published)."""
+    spelled = {sub.subject.lower(): sub.subject for sub in getattr(nc, "_subs", {}).values()}
+    restored = []
+    for text in _REFUSED.get(nc, ()):
+        head, quote, rest = text.partition('"')
+        subject = rest.rstrip('"')
+        if quote and head.endswith("subscription to ") and subject in spelled:
+            text = f'{head}"{spelled[subject]}"'
+        restored.append(text)
+    return restored
+
+
+async def require_permitted(nc: Client, who: str) -> None:
+    """Raise `PermissionRefused` when the server refused anything this connection asked so
+    far. Two round trips: nats-py writes a PING straight to the socket, ahead of a SUB still
+    in its pending buffer, so the first PONG may come back before the server read that SUB;
+    by the first PONG the buffer has been written, and the second PING follows it, so the
+    server's refusal of every subscription made before arrives ahead of the second PONG."""
+    await nc.flush(timeout=5)
+    await nc.flush(timeout=5)
+    found = refusals(nc)
+    if found:
+        raise PermissionRefused(
+            f"{who}: the NATS server refused {'; '.join(found)}; these credentials are not "
+            "this process's (check FLEET_NATS_CREDENTIALS names its own <role>.nk)"
+        )
+
+
+async def connect(
+    url: str | None = None, *, name: str = "fleet", credentials: Path | None = None
+) -> Client:
+    """`url` (one URL or a comma-separated list) or else `NATS_URL`, through `MeshSettings`;
+    with `credentials` (a seed file), else the ones `using_credentials` gives, else
+    `FLEET_NATS_CREDENTIALS`, else none."""
+    if url:
+        servers = parse_servers(url)
+        from_env = Path(os.environ[CREDENTIALS_ENV]) if os.environ.get(CREDENTIALS_ENV) else None
+    else:
+        settings = load_settings()
+        servers, from_env = settings.servers, settings.credentials
+    seed = credentials or _CREDENTIALS.get() or from_env
+    options = connect_options(seed) if seed is not None else {}
+    refused: list[str] = []
+    connected = False
+
+    async def on_error(exc: Exception) -> None:
+        text = str(exc)
+        if not connected and "authorization violation" in text.lower():
+            # nats-py would retry its first connection for ever; a refused user is no server
+            # still starting, so the error ends `connect` (raised out of this callback)
+            raise PermissionRefused(
+                f"the NATS server refused connection {name!r}: authorization violation; "
+                + (
+                    f"its credentials {seed} are not one of its users (a mesh made with other "
+                    "credentials?)"
+                    if seed is not None
+                    else "it requires credentials: set FLEET_NATS_CREDENTIALS to this "
+                    "process's <role>.nk"
+                )
+            )
+        if "permissions violation" in text.lower():
+            refused.append(text.removeprefix("nats: "))
+            log.error("NATS refused %s (connection %s)", text.removeprefix("nats: "), name)
+        else:
+            log.warning("NATS connection %s: %s", name, text)
+
     nc = await nats.connect(
         servers,
         name=name,
         connect_timeout=5,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
+        error_cb=on_error,
+        **options,
     )
+    connected = True
+    _REFUSED[nc] = refused
     try:
         require_server_version(nc)
     except ServerTooOld:

@@ -4,6 +4,7 @@ Used by `fleet up` and by the test harness alike: loopback only, a private store
 and a written `sync_interval` (docs/architecture.md, "Durability").
 """
 
+import os
 import shutil
 import signal
 import socket
@@ -13,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from fleet_mesh.credentials import CREDENTIALS_DIR_ENV, Credentials
 
 
 class NatsServerError(RuntimeError):
@@ -53,6 +56,14 @@ class Routes:
     names the proxy here, so no peer dials round it."""
 
 
+def default_credentials() -> Credentials | None:
+    """The users a server requires when none are named: those of `FLEET_NATS_CREDENTIALS_DIR`
+    (the test harness sets it, so every server of the suite runs with credentials on), else
+    none (an open server)."""
+    directory = os.environ.get(CREDENTIALS_DIR_ENV)
+    return Credentials(Path(directory)) if directory else None
+
+
 @dataclass
 class NatsServer:
     store_dir: Path
@@ -65,6 +76,8 @@ class NatsServer:
     # the server default ("2m") for speed.
     sync_interval: str = "always"
     log_path: Path | None = None
+    credentials: Credentials | None = field(default_factory=default_credentials)
+    """Its users, one per role with the catalog's permissions (None: anyone may connect)."""
     process: subprocess.Popen[bytes] | None = None
     _log_file: IO[bytes] | None = None
 
@@ -83,6 +96,8 @@ class NatsServer:
             "}\n"
             "max_payload: 8MB\n"
         )
+        if self.credentials is not None:
+            text += self.credentials.authorization_config()
         if self.routes is not None:
             peers = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in self.routes.peers)
             text += (

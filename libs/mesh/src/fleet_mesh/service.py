@@ -26,7 +26,7 @@ from fleet_events import Actor, bus, subjects
 from fleet_events.bus import Ping, Pong, Verb
 from fleet_events.streams import ConsumerSpec
 from fleet_mesh import logs, rpc
-from fleet_mesh.connection import connect, server_address
+from fleet_mesh.connection import connect, require_permitted, server_address
 from fleet_mesh.settings import BadSetting, MeshSettings, load_settings
 from fleet_mesh.work import Handler, WorkConsumer
 
@@ -115,7 +115,9 @@ async def running(
     replica = settings.replica_for(name)
     log = log or logging.getLogger(f"fleet.{name}")
     log.info("connecting")
-    nc = await connect(settings.nats_url, name=f"{name}:{replica}")
+    nc = await connect(
+        settings.nats_url, name=f"{name}:{replica}", credentials=settings.credentials
+    )
     ctx = ServiceContext(name=name, replica=replica, nc=nc, js=nc.jetstream(), log=log)
 
     async def pong(_: Ping) -> Pong:
@@ -132,6 +134,9 @@ async def running(
         # Ping last: a service that answers ping has every subscription of its setup live.
         if name in subjects.SERVICES:
             await ctx.serve(bus.ping(name), pong)
+        # Started with another role's credentials, it stops here naming what was refused,
+        # rather than serve half its verbs.
+        await require_permitted(nc, f"{name} (replica {replica})")
         log.info("started", extra={"server": server_address(nc)})
         yield ctx
     finally:

@@ -11,6 +11,7 @@ echoed: they are a secret, and this message goes to the log.
 import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
@@ -68,6 +69,9 @@ class MeshSettings(BaseSettings):
     replica: str | None = Field(default=None, validation_alias="FLEET_REPLICA")
     """This process's stable name among its service's replicas; generated when unset."""
     log_level: LogLevel = Field(default="INFO", validation_alias="FLEET_LOG_LEVEL")
+    credentials: Path | None = Field(default=None, validation_alias="FLEET_NATS_CREDENTIALS")
+    """This process's NKey seed file (`<role>.nk`: fleet_mesh.credentials); None: connect
+    without credentials (a server with no users)."""
 
     @field_validator("nats_url")
     @classmethod

@@ -44,6 +44,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from fleet_cli import cluster
+from fleet_cli.mesh import connect_recorded
 from fleet_events import Actor, Envelope, bus, new_id, streams, utc_now
 from fleet_events.bus import Ping
 from fleet_events.catalog import type_of_class
@@ -240,7 +241,7 @@ async def running_mesh(root: Path, size: int) -> AsyncIterator[tuple[Client, Pat
 
         await until(started, 120, f"fleet up --cluster {size}")
         recorded = json.loads(state.read_text())
-        nc = await connect(recorded["nats"], name=f"bench-mesh-{size}")
+        nc = await connect_recorded(recorded, name=f"bench-mesh-{size}")
         try:
             await until(lambda: agent_answers(nc), 120, "the agent to answer ping")
             yield nc, data, recorded

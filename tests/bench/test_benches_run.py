@@ -97,3 +97,13 @@ def test_cluster_chaos_rounds_lose_nothing_acknowledged_and_end_every_turn_once(
     # nothing sent to a node cut off from its quorum is acknowledged, or there after the heal
     assert "refused or timed out 3, acknowledged 0, present after the heal 0" in cut, cut
     assert "appends to the majority acknowledged 3 of 3, present 3" in cut, cut
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tls_bench_prints_clear_beside_tls_for_set_up_appends_and_round_trips() -> None:
+    out = run_bench("bench/tls.py", "--appends", "60", "--connects", "8")
+    for title in ("connection set-up", "acknowledged append, one writer", "request/reply"):
+        assert f"== {title}" in out
+    assert len(RATIO.findall(out)) == 3
+    assert "eof_received" not in out

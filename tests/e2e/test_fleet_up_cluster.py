@@ -2,19 +2,22 @@
 stream at three replicas, `fleet status` naming each node, the meta leader and each stream's
 leader; a turn answered before and after its stream leader's node is SIGKILLed."""
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from nats.aio.client import Client
 
+from fleet_cli.mesh import connect_recorded
 from fleet_events import Actor, Envelope, new_id, streams, utc_now
 from fleet_events.session import TurnRequested, log_subject
 from fleet_harness.waits import eventually
-from fleet_mesh.connection import connect
+from fleet_mesh.connection import PermissionRefused, connect
 from fleet_mesh.store import EventStore, StoreError, open_store
 
 from .conftest import Mesh, StartMesh, processes
@@ -103,8 +106,18 @@ async def test_a_three_node_cluster_serves_and_rides_through_its_stream_leaders_
     assert status.returncode == 0, status.stdout + status.stderr
     assert "nats cluster: meta leader nats-" in status.stdout
     assert status.stdout.count(" up ") >= NODES, status.stdout
+    # every node speaks TLS only, clients and routes, from the mesh's own CA: a client that
+    # trusts no CA is refused at once, naming what to set
+    async with httpx.AsyncClient(timeout=10) as http:
+        varzs = [(await http.get(f"{n['monitor']}/varz")).json() for n in recorded]
+    for varz in varzs:
+        assert varz["tls_required"] is True
+        assert varz["cluster"]["tls_required"] is True
+        assert varz["cluster"]["tls_verify"] is True
+    with pytest.raises(PermissionRefused, match="the server requires TLS: set FLEET_NATS_CA"):
+        await asyncio.wait_for(connect(recorded[0]["url"], name="e2e-plain"), 30)
 
-    nc = await connect(mesh.state()["nats"], name="e2e-cluster")
+    nc = await connect_recorded(mesh.state(), name="e2e-cluster")
     try:
         leaders = await eventually(lambda: replicated(nc), timeout=60, what="3 replicas each")
         assert set(leaders) == set(STORES)

@@ -25,6 +25,7 @@ from fleet_cli.children import ChildSpec
 from fleet_cli.supervisor import Supervisor
 from fleet_mesh.credentials import Credentials
 from fleet_mesh.natsserver import NatsServer, Routes, default_credentials, nats_server_binary
+from fleet_mesh.tls import TlsFiles
 
 log = logging.getLogger("fleet.up")
 
@@ -109,7 +110,11 @@ def block(base: int, size: int) -> tuple[int, ...]:
 
 
 def server_of(
-    node: Node, nodes: Sequence[Node], sync_interval: str, credentials: Credentials | None = None
+    node: Node,
+    nodes: Sequence[Node],
+    sync_interval: str,
+    credentials: Credentials | None = None,
+    tls: TlsFiles | None = None,
 ) -> NatsServer:
     routes = Routes(
         name=CLUSTER_NAME,
@@ -124,6 +129,7 @@ def server_of(
         sync_interval=sync_interval,
         routes=routes,
         credentials=credentials or default_credentials(),
+        tls=tls,
     )
 
 
@@ -174,12 +180,12 @@ async def wait_for_quorum(nodes: Sequence[Node], timeout: float) -> tuple[str, l
 
 def launch(
     supervisor: Supervisor, nodes: Sequence[Node], logs: Path, env: dict[str, str],
-    sync_interval: str, credentials: Credentials | None = None,
+    sync_interval: str, credentials: Credentials | None = None, tls: TlsFiles | None = None,
 ) -> None:  # fmt: skip
     """Every node as a supervised child (restarted like a service, stopped last)."""
     specs = []
     for node in nodes:
-        server = server_of(node, nodes, sync_interval, credentials)
+        server = server_of(node, nodes, sync_interval, credentials, tls)
         node.store_dir.mkdir(parents=True, exist_ok=True)
         conf = node.store_dir / "nats.conf"
         conf.write_text(server.config_text())

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nats.aio.client import Client
 from nats.js.errors import BadRequestError
 
 from fleet_cli import cluster
@@ -31,9 +32,11 @@ from fleet_mesh.credentials import (
 )
 from fleet_mesh.elections import through_election
 from fleet_mesh.natsserver import NatsServer, nats_server_binary
+from fleet_mesh.tls import CA_ENV, TlsFiles, ensure_tls
 
 STATE_FILE = "up.json"
 CREDENTIALS_DIR = "credentials"
+TLS_DIR = "tls"
 AGENT_RUNNER = "chat"
 
 # Local is one node with no replica to recover from, and a laptop loses power more often than
@@ -145,8 +148,22 @@ def credentials_of(options: UpOptions) -> Credentials | None:
     return None
 
 
+def tls_of(options: UpOptions) -> TlsFiles | None:
+    """TLS for the nodes of a cluster `fleet up` starts (client ports and routes), from a CA
+    it makes at first start under `<data dir>/tls`. One node is served in the clear: it
+    listens on loopback only, where nothing travels between hosts and whoever can watch the
+    traffic (root on this machine) can read the seeds anyway; docs/deployment.md gives what
+    TLS costs. Joining `NATS_URL`, the operator's `FLEET_NATS_CA` (read by every connection)."""
+    if options.join_url is None and options.cluster_ports:
+        return ensure_tls(options.data_dir / TLS_DIR)
+    return None
+
+
 def service_specs(
-    options: UpOptions, nats_url: str, credentials: Credentials | None = None
+    options: UpOptions,
+    nats_url: str,
+    credentials: Credentials | None = None,
+    tls: TlsFiles | None = None,
 ) -> list[ChildSpec]:
     env = {key: value for key, value in os.environ.items() if key != "FLEET_REPLICA"}
     env.pop(CREDENTIALS_DIR_ENV, None)  # a service holds its own seed, never the others'
@@ -177,6 +194,7 @@ def service_specs(
                     if credentials is not None
                     else {}
                 ),
+                **({CA_ENV: str(tls.ca)} if tls is not None else {}),
             },
             log_path=options.logs / f"{service}.log",
         )
@@ -268,13 +286,14 @@ async def start_cluster(
     options: UpOptions,
     nodes: list[cluster.Node],
     credentials: Credentials | None,
+    tls: TlsFiles | None,
     timeout: float = 30.0,
 ) -> str:
     """The nodes as supervised children; returns their URLs once a meta leader is elected,
     naming the nodes that did not answer by then (a quorum is enough once the cluster has
     formed: `fleet_cli.cluster`)."""
     cluster.launch(
-        supervisor, nodes, options.logs, dict(os.environ), LOCAL_SYNC_INTERVAL, credentials
+        supervisor, nodes, options.logs, dict(os.environ), LOCAL_SYNC_INTERVAL, credentials, tls
     )
     try:
         leader, down = await cluster.wait_for_quorum(nodes, timeout)
@@ -306,10 +325,11 @@ async def up(
     supervisor = Supervisor(grace_s=options.grace_s, on_change=on_change)
     state_file = options.data_dir / STATE_FILE
     credentials = credentials_of(options)
+    tls = tls_of(options)
     admin = credentials.seed_path(ADMIN) if credentials is not None else None
     try:
-        with using_credentials(admin):
-            await _up(options, supervisor, stop, credentials, on_started, before_services)
+        with using_credentials(admin, tls.ca if tls is not None else None):
+            await _up(options, supervisor, stop, credentials, tls, on_started, before_services)
     finally:
         await asyncio.to_thread(supervisor.stop)
         state_file.unlink(missing_ok=True)
@@ -320,6 +340,7 @@ async def _up(
     supervisor: Supervisor,
     stop: asyncio.Event,
     credentials: Credentials | None,
+    tls: TlsFiles | None,
     on_started: Callable[[str], None],
     before_services: BeforeServices | None,
 ) -> None:
@@ -328,7 +349,7 @@ async def _up(
     nodes: list[cluster.Node] = []
     if options.join_url is None and options.cluster_ports:
         nodes = cluster.layout(options.data_dir, options.cluster_ports)
-        nats_url = await start_cluster(supervisor, options, nodes, credentials)
+        nats_url = await start_cluster(supervisor, options, nodes, credentials, tls)
     elif options.join_url is None:
         nats_url = await start_nats(supervisor, options, credentials)
         log.info("nats-server on %s (store %s)", nats_url, options.data_dir / "nats")
@@ -339,13 +360,33 @@ async def _up(
     checkpointer = credentials.seed_path(CHECKPOINTER) if credentials is not None else None
     async with checkpointing(nats_url, options.data_dir, credentials=checkpointer):
         extra_env = await before_services(nats_url, supervisor) if before_services else {}
-        specs = service_specs(options, nats_url, credentials)
+        specs = service_specs(options, nats_url, credentials, tls)
         for spec in specs:
             spec.env.update(extra_env)
         supervisor.launch(*specs)
-        state = {"pid": os.getpid(), "gateway": options.gateway_url, "nats": nats_url}
+        state: dict[str, object] = {
+            "pid": os.getpid(),
+            "gateway": options.gateway_url,
+            "nats": nats_url,
+        }
+        if credentials is not None:  # where an operator's tools find the admin's seed (a path)
+            state["admin"] = str(credentials.seed_path(ADMIN))
+        if tls is not None:
+            state["ca"] = str(tls.ca)
         if nodes:  # `fleet status` asks each node's monitor for its account of the cluster
             state["cluster"] = [n.recorded() for n in nodes]
         state_file.write_text(json.dumps(state))
         on_started(nats_url)
         await supervisor.watch(stop)
+
+
+async def connect_recorded(state: dict[str, object], name: str) -> Client:
+    """A connection to the mesh an `up.json` describes, as its admin (over TLS where its
+    nodes use it): what an operator's tool, a bench or a test of `fleet up` dials with."""
+    admin, ca = state.get("admin"), state.get("ca")
+    return await connect(
+        str(state["nats"]),
+        name=name,
+        credentials=Path(str(admin)) if admin else None,
+        ca=Path(str(ca)) if ca else None,
+    )

@@ -27,6 +27,37 @@ def family_disks_unmounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator
     unmount_under(tmp_path_factory.getbasetemp())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_permission_refused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every server of the suite runs with per-role users (conftest.py): a service doing what
+    its access table (fleet_events.access) does not say is refused by the server, and logs
+    it. A refusal a test did not ask for is a gap in the table or a service out of bounds, so
+    the session fails naming each one, even where the test it happened in passed."""
+    yield
+    found = refusals_under(tmp_path_factory.getbasetemp())
+    if found:
+        pytest.fail(
+            "NATS refused a service what its access table does not allow:\n" + "\n".join(found),
+            pytrace=False,
+        )
+
+
+REFUSED = "NATS refused permissions violation"
+
+
+def refusals_under(top: Path) -> list[str]:
+    """`file: what was refused` for every service log below `top` naming a refusal."""
+    found = []
+    for path in sorted(top.rglob("*.log")):
+        with open(path, errors="replace") as lines:
+            found += [
+                f"{path.relative_to(top)}: {line.strip()[:300]}"
+                for line in lines
+                if REFUSED in line
+            ]
+    return found
+
+
 def unmount_under(top: Path) -> list[str]:
     """Lazily unmount every mount below `top` (this process's view), deepest first."""
     prefix = str(top.resolve()) + "/"

@@ -9,15 +9,18 @@ import contextlib
 import contextvars
 import logging
 import os
+import ssl
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client
 
 from fleet_mesh.credentials import CREDENTIALS_ENV, connect_options
 from fleet_mesh.settings import DEFAULT_URL, load_settings, parse_servers
+from fleet_mesh.tls import CA_ENV, client_context
 
 __all__ = [
     "DEFAULT_URL",
@@ -32,6 +35,16 @@ __all__ = [
 ]
 
 log = logging.getLogger("fleet.nats")
+
+
+def _not_eof_noise(record: logging.LogRecord) -> bool:
+    """asyncio warns each time a TLS connection closes that nats-py's protocol returned True
+    from `eof_received` (which has no effect under TLS): a line per closed connection that
+    says nothing about ours."""
+    return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_not_eof_noise)
 
 MIN_SERVER = (2, 12, 0)
 
@@ -71,19 +84,21 @@ class PermissionRefused(RuntimeError):
 _CREDENTIALS: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "fleet_nats_credentials", default=None
 )
+_CA: contextvars.ContextVar[Path | None] = contextvars.ContextVar("fleet_nats_ca", default=None)
 _REFUSED: "weakref.WeakKeyDictionary[Client, list[str]]" = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
-def using_credentials(path: Path | None) -> Iterator[None]:
+def using_credentials(path: Path | None, ca: Path | None = None) -> Iterator[None]:
     """Connections made inside (tasks started inside included) use `path` when they name no
-    credentials of their own: `fleet up`'s own connections are the admin's, whatever the
-    environment it was started from says."""
-    token = _CREDENTIALS.set(path)
+    credentials of their own, and trust `ca` for TLS: `fleet up`'s own connections are the
+    admin's, whatever the environment it was started from says."""
+    token, ca_token = _CREDENTIALS.set(path), _CA.set(ca)
     try:
         yield
     finally:
         _CREDENTIALS.reset(token)
+        _CA.reset(ca_token)
 
 
 def refusals(nc: Client) -> list[str]:
@@ -118,20 +133,33 @@ async def require_permitted(nc: Client, who: str) -> None:
         )
 
 
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
 async def connect(
-    url: str | None = None, *, name: str = "fleet", credentials: Path | None = None
+    url: str | None = None,
+    *,
+    name: str = "fleet",
+    credentials: Path | None = None,
+    ca: Path | None = None,
 ) -> Client:
     """`url` (one URL or a comma-separated list) or else `NATS_URL`, through `MeshSettings`;
     with `credentials` (a seed file), else the ones `using_credentials` gives, else
-    `FLEET_NATS_CREDENTIALS`, else none."""
+    `FLEET_NATS_CREDENTIALS`, else none; over TLS trusting `ca`, else `using_credentials`'s,
+    else `FLEET_NATS_CA`'s, else in the clear."""
     if url:
         servers = parse_servers(url)
-        from_env = Path(os.environ[CREDENTIALS_ENV]) if os.environ.get(CREDENTIALS_ENV) else None
+        from_env, ca_env = _env_path(CREDENTIALS_ENV), _env_path(CA_ENV)
     else:
         settings = load_settings()
-        servers, from_env = settings.servers, settings.credentials
+        servers, from_env, ca_env = settings.servers, settings.credentials, settings.ca
     seed = credentials or _CREDENTIALS.get() or from_env
-    options = connect_options(seed) if seed is not None else {}
+    options: dict[str, Any] = dict(connect_options(seed)) if seed is not None else {}
+    trusted = ca or _CA.get() or ca_env
+    if trusted is not None:
+        options["tls"] = client_context(trusted)
     refused: list[str] = []
     connected = False
 
@@ -148,6 +176,17 @@ async def connect(
                     if seed is not None
                     else "it requires credentials: set FLEET_NATS_CREDENTIALS to this "
                     "process's <role>.nk"
+                )
+            )
+        if not connected and isinstance(exc, ssl.SSLError):
+            raise PermissionRefused(
+                f"TLS to the NATS server failed for connection {name!r}: {exc}; "
+                + (
+                    f"the server's certificate is not one of CA {trusted} for the address "
+                    "dialled (a mesh made with another CA?)"
+                    if trusted is not None
+                    else "the server requires TLS: set FLEET_NATS_CA to the mesh's CA "
+                    "(<data dir>/tls/ca.pem)"
                 )
             )
         if "permissions violation" in text.lower():

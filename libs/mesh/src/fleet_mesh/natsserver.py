@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from fleet_mesh.credentials import CREDENTIALS_DIR_ENV, Credentials
+from fleet_mesh.tls import TlsFiles
 
 
 class NatsServerError(RuntimeError):
@@ -64,6 +65,10 @@ def default_credentials() -> Credentials | None:
     return Credentials(Path(directory)) if directory else None
 
 
+def _indent(block: str) -> str:
+    return "".join(f"  {line}" for line in block.splitlines(keepends=True))
+
+
 @dataclass
 class NatsServer:
     store_dir: Path
@@ -78,6 +83,8 @@ class NatsServer:
     log_path: Path | None = None
     credentials: Credentials | None = field(default_factory=default_credentials)
     """Its users, one per role with the catalog's permissions (None: anyone may connect)."""
+    tls: TlsFiles | None = None
+    """TLS on its client port and, in a cluster, on its routes (verified both ways)."""
     process: subprocess.Popen[bytes] | None = None
     _log_file: IO[bytes] | None = None
 
@@ -98,6 +105,8 @@ class NatsServer:
         )
         if self.credentials is not None:
             text += self.credentials.authorization_config()
+        if self.tls is not None:
+            text += self.tls.server_block(verify=False)
         if self.routes is not None:
             peers = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in self.routes.peers)
             text += (
@@ -111,7 +120,8 @@ class NatsServer:
                     else ""
                 )
                 + f"  routes: [{peers}]\n"
-                "}\n"
+                + (_indent(self.tls.server_block(verify=True)) if self.tls is not None else "")
+                + "}\n"
             )
         return text
 

@@ -72,6 +72,8 @@ class MeshSettings(BaseSettings):
     credentials: Path | None = Field(default=None, validation_alias="FLEET_NATS_CREDENTIALS")
     """This process's NKey seed file (`<role>.nk`: fleet_mesh.credentials); None: connect
     without credentials (a server with no users)."""
+    ca: Path | None = Field(default=None, validation_alias="FLEET_NATS_CA")
+    """The CA certificate of the mesh's nodes (fleet_mesh.tls): TLS on, names checked."""
 
     @field_validator("nats_url")
     @classmethod

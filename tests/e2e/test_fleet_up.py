@@ -3,19 +3,25 @@
 import asyncio
 import os
 import signal
+import stat
 import sys
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 from nats.aio.client import Client
 
+from fleet_cli.mesh import connect_recorded
 from fleet_events import bus as verbs
 from fleet_events import streams, subjects
+from fleet_events.access import ROLES
 from fleet_events.bus import Ping, Pong
+from fleet_events.subjects import SERVICES
 from fleet_harness.waits import WaitTimeout, eventually
 from fleet_mesh import rpc
-from fleet_mesh.connection import connect
+from fleet_mesh.connection import PermissionRefused, connect
+from fleet_mesh.credentials import CREDENTIALS_DIR_ENV, CREDENTIALS_ENV, Credentials
 from fleet_mesh.natsserver import NatsServer
 
 from .conftest import Mesh, StartMesh, descendants, living, processes
@@ -207,3 +213,37 @@ def _is_nats(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return argv0.endswith(b"/nats-server")
+
+
+async def test_fleet_up_makes_its_own_nats_users_and_never_shows_a_seed(
+    start_mesh: StartMesh,
+) -> None:
+    # outside the suite (no credentials directory given), fleet up makes its own users
+    mesh = start_mesh(env={CREDENTIALS_DIR_ENV: "", CREDENTIALS_ENV: ""})
+    await ready(mesh)
+    directory = mesh.data_dir / "credentials"
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    seeds = {p.name: p.read_text().strip() for p in directory.iterdir()}
+    assert set(seeds) == {f"{role}.nk" for role in ROLES}
+    for name in seeds:
+        assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600, name
+    conf = (mesh.data_dir / "nats" / "nats.conf").read_text()
+    credentials = Credentials(directory)
+    for role in ROLES:
+        assert credentials.public_key(role) in conf
+    state = mesh.state()
+    assert state["admin"] == str(directory / "admin.nk")  # a path, never the seed
+    nc = await connect_recorded(state, name="e2e-admin")
+    try:
+        for service in SERVICES:  # each service connected as its own user, and serves
+            pong = await eventually(partial(ping, nc, service), timeout=20, what=service)
+            assert pong.service == service
+    finally:
+        await nc.close()
+    # the suite's own admin is no user of this mesh
+    with pytest.raises(PermissionRefused, match="not one of its users"):
+        await asyncio.wait_for(connect(str(state["nats"]), name="e2e-stranger"), 20)
+    shown = mesh.printed() + "".join(
+        p.read_text(errors="replace") for p in (mesh.data_dir / "logs").glob("*.log")
+    )
+    assert [name for name, seed in seeds.items() if seed in shown] == []

@@ -115,3 +115,25 @@ def connect_options(path: Path) -> dict[str, str]:
     """nats-py's `connect` arguments for a seed file: the seed and the role's inbox prefix."""
     role = check_file(path)
     return {"nkeys_seed": str(path), "inbox_prefix": inbox_prefix(role)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m fleet_mesh.credentials DIR`: every role's seed under DIR (made when missing)
+    and `DIR/authorization.conf`, the block to include in each node's configuration of a
+    cluster the mesh joins (public keys and permissions only: no seed leaves its file)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fleet_mesh.credentials", description=main.__doc__
+    )
+    parser.add_argument("directory", type=Path)
+    args = parser.parse_args(argv)
+    credentials = ensure_credentials(args.directory)
+    block = args.directory / "authorization.conf"
+    block.write_text(credentials.authorization_config())
+    print(f"seeds for {', '.join(ROLES)} under {args.directory}; include {block} in each node's")
+    print(f"configuration, then run the mesh with {CREDENTIALS_DIR_ENV}={args.directory}")
+
+
+if __name__ == "__main__":
+    main()

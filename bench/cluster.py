@@ -44,16 +44,25 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from fleet_cli import cluster
+from fleet_cli.keys import KEYSET_FILE, key_path, keys_dir
 from fleet_cli.mesh import connect_recorded
 from fleet_events import Actor, Envelope, bus, new_id, streams, utc_now
 from fleet_events.bus import Ping
 from fleet_events.catalog import type_of_class
 from fleet_events.chain import TYPE_HEADER
-from fleet_events.session import TurnCompleted, TurnFailed, TurnRequested, log_subject
+from fleet_events.session import (
+    TurnCompleted,
+    TurnFailed,
+    TurnRequested,
+    log_subject,
+    session_filter,
+)
+from fleet_events.signing import KeySet
 from fleet_harness.bench import report, side_by_side, stats
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
+from fleet_mesh.keyfiles import read_keyset, read_signer
 from fleet_mesh.natsserver import NatsServer, Routes, free_port
 from fleet_mesh.store import EMPTY, EventStore, StoredEvent, open_store
 
@@ -326,16 +335,19 @@ class Round:
     duplicated: int = 0
     unended: int = 0
     started_twice: int = 0
+    unverified: int = 0
+    """Sessions whose chain or signatures did not verify against the mesh's key set."""
     unended_sessions: list[str] = field(default_factory=list)
 
 
 async def chaos_round(
     nc: Client, store: EventStore, data: Path, victim_of: Callable[[], Awaitable[str | None]],
-    turns_n: int,
+    turns_n: int, keys: KeySet,
 ) -> Round:  # fmt: skip
     """`turns_n` concurrent turns; once a quarter are acknowledged the victim's node is
     SIGKILLed (`fleet up` restarts it). Then every acknowledged request must be present, every
-    turn started once and ended exactly once, no event id stored twice."""
+    turn started once and ended exactly once, no event id stored twice, and every session's
+    chain and signatures verify against the mesh's pinned key set."""
     result = Round()
     sessions = [new_id() for _ in range(turns_n)]
     acked: set[str] = set()
@@ -390,6 +402,10 @@ async def chaos_round(
         if ends == 0:
             result.unended_sessions.append(session)
         result.started_twice += kinds.count("TurnStarted") > 1
+        verification = await store.verify(session_filter("chaos", session), keys=keys)
+        if not verification.ok:
+            result.unverified += 1
+            print(f"   {session}: {verification.fault}", flush=True)
     return result
 
 
@@ -397,7 +413,10 @@ async def chaos(rounds: int, turns_n: int) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-cluster-chaos-") as tmp:
         async with running_mesh(Path(tmp), NODES) as (nc, data, recorded):
             monitors = [n["monitor"] for n in recorded["cluster"]]
-            store = await open_store(nc.jetstream(), streams.SESSIONS, timeout=2.0)
+            # the turns are asked as the gateway asks them: signed with its key
+            signer = read_signer(key_path(data, "gateway"))
+            keys = read_keyset(keys_dir(data) / KEYSET_FILE)
+            store = await open_store(nc.jetstream(), streams.SESSIONS, timeout=2.0, signer=signer)
             points: dict[str, Callable[[], Awaitable[str | None]]] = {
                 "SESSIONS' leader": lambda: leader_of(nc, streams.SESSIONS.name),
                 "the meta leader": lambda: meta_leader_of(monitors),
@@ -406,12 +425,13 @@ async def chaos(rounds: int, turns_n: int) -> None:
                 results = []
                 for _ in range(rounds):
                     await until(lambda: caught_up(nc), 120, "the cluster to be whole")
-                    results.append(await chaos_round(nc, store, data, victim_of, turns_n))
+                    results.append(await chaos_round(nc, store, data, victim_of, turns_n, keys))
                 # a turn started twice (its work item redelivered as a consumer's leader
                 # changed, attempt 2 fencing attempt 1) that ended once is reported, not
                 # unclean: the attempts are the design's answer to at-least-once delivery
                 clean = sum(
-                    r.lost == r.duplicated == r.unended == 0 and r.ended_once == r.acked
+                    r.lost == r.duplicated == r.unended == r.unverified == 0
+                    and r.ended_once == r.acked
                     for r in results
                 )
                 unended = [s for r in results for s in r.unended_sessions]
@@ -426,7 +446,8 @@ async def chaos(rounds: int, turns_n: int) -> None:
                     f"{sum(r.ended_once for r in results)}, never ended "
                     f"{sum(r.unended for r in results)}, lost "
                     f"{sum(r.lost for r in results)}, stored twice "
-                    f"{sum(r.duplicated for r in results)}; started twice (a second attempt, "
+                    f"{sum(r.duplicated for r in results)}, chain or signature failing "
+                    f"{sum(r.unverified for r in results)}; started twice (a second attempt, "
                     f"ended once) {sum(r.started_twice for r in results)}",
                     flush=True,
                 )

@@ -53,6 +53,7 @@ from fleet_harness.bench import Stats, side_by_side
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.connection import connect
+from fleet_mesh.credentials import env_for
 from fleet_mesh.natsserver import NatsServer
 
 RPC_SUBJECT = {"fleet_mesh": "bench.faststream.rpc.mesh", "faststream": "bench.faststream.rpc.fs"}
@@ -131,7 +132,8 @@ def faststream_broker(url: str, name: str) -> NatsBroker:
 
 
 def start_server_process(url: str, runtime: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    # a stand-in server, no role of the mesh: the admin, where the bench's server has users
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env_for("admin")}
     if "PYTHONPATH" in os.environ:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     with open(log, "ab") as out:

@@ -29,6 +29,7 @@ from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
+from fleet_mesh.credentials import env_for
 from fleet_mesh.natsserver import NatsServer
 
 TENANT = "t-bench"
@@ -39,6 +40,7 @@ def start_broker(url: str, root: Path) -> subprocess.Popen[bytes]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "NATS_URL": url,
+        **env_for("sandbox-broker"),  # the server's users, where it has them
         "FLEET_REPLICA": "sandbox-broker-bench",
         "FLEET_SANDBOX_ROOT": str(root / "sandboxes"),
         "FLEET_SANDBOX_UID_BASE": "353000",

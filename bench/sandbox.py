@@ -39,6 +39,7 @@ from fleet_events.envelope import new_id
 from fleet_harness import bench
 from fleet_harness.daytona_fake import DaytonaFake, fake_in_thread
 from fleet_mesh.bootstrap import bootstrap
+from fleet_mesh.credentials import env_for
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.runtime_config import RuntimeConfig
 
@@ -47,6 +48,7 @@ def start_broker(url: str, root: Path, fake: DaytonaFake | None) -> subprocess.P
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "NATS_URL": url,
+        **env_for("sandbox-broker"),  # the server's users, where it has them
         "FLEET_REPLICA": "sandbox-broker-bench",
         "FLEET_SANDBOX_ROOT": str(root / "sandboxes"),
         "FLEET_SANDBOX_UID_BASE": "350000",

@@ -22,10 +22,10 @@ from fleet_cli.localllm import server
 from fleet_cli.localllm.install import Installed, ensure_installed
 from fleet_cli.localllm.paths import Cache, default_cache
 from fleet_cli.localllm.profile import LOCAL_KEY_REF, LOCAL_MODEL
+from fleet_cli.mesh import connect_recorded
 from fleet_cli.supervisor import Supervisor
 from fleet_events.llm import DEFAULT_PROFILE
 from fleet_harness.waits import eventually
-from fleet_mesh.connection import connect
 from fleet_mesh.natsserver import free_port
 from fleet_mesh.runtime_config import LlmConfig
 from fleet_mesh.secrets import SecretsReader, load_private_key
@@ -187,7 +187,7 @@ async def test_fleet_up_by_default_serves_the_local_model_behind_the_default_pro
             timeout=60,
             what="up.json",
         )
-        nc = await connect(state["nats"], name="test")
+        nc = await connect_recorded(state, name="test")  # the mesh's own admin
         try:
             js = nc.jetstream()
             stored = await (await LlmConfig.open(js)).find_profile(DEFAULT_PROFILE, tenant=None)
@@ -242,7 +242,7 @@ async def test_one_command_to_a_real_model_seeds_it_with_its_key_sealed_and_star
             what="fleet up to start its services",
         )
         assert "exited" not in state, output.read_text()
-        nc = await connect(state["nats"], name="test")
+        nc = await connect_recorded(state, name="test")  # the mesh's own admin
         try:
             js = nc.jetstream()
             stored = await (await LlmConfig.open(js)).find_profile(DEFAULT_PROFILE, tenant=None)

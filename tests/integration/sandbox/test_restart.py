@@ -29,6 +29,7 @@ from fleet_harness.daytona_fake import DaytonaFake
 from fleet_harness.procs import Replica
 from fleet_harness.waits import eventually_sync
 from fleet_mesh.blobs import JetStreamBlobs
+from fleet_mesh.credentials import env_for
 from fleet_mesh.natsserver import NatsServer
 from fleet_mesh.store import EventStore
 
@@ -54,6 +55,7 @@ class Brokers:
             argv=[sys.executable, "-m", "fleet_sandbox_broker"],
             env={
                 "PATH": "/usr/local/bin:/usr/bin:/bin", "NATS_URL": self.url,
+                **env_for("sandbox-broker"),
                 "FLEET_REPLICA": replica, "FLEET_SANDBOX_ROOT": str(self.root / root),
                 "FLEET_SANDBOX_VOLUMES": self.volumes,
                 "FLEET_SANDBOX_UID_BASE": "340000", "FLEET_SANDBOX_POOL_SIZE": "0",

@@ -207,13 +207,20 @@ async def local_broker(root: Path) -> AsyncIterator[Any]:
     from fleet_mesh import rpc
     from fleet_mesh.bootstrap import bootstrap
     from fleet_mesh.connection import connect
+    from fleet_mesh.credentials import CREDENTIALS_ENV, ensure_credentials
     from fleet_mesh.natsserver import NatsServer
 
-    server = NatsServer(store_dir=root / "nats", log_path=root / "nats.log").start()
+    # its own users, as any mesh's: the broker connects as itself, this process as the admin
+    credentials = ensure_credentials(root / "credentials")
+    server = NatsServer(
+        store_dir=root / "nats", log_path=root / "nats.log", credentials=credentials
+    ).start()
     broker: subprocess.Popen[bytes] | None = None
     nc = None
     try:
-        nc = await connect(server.url, name="fleet-replay")
+        nc = await connect(
+            server.url, name="fleet-replay", credentials=credentials.seed_path("admin")
+        )
         await bootstrap(nc.jetstream(), env={})
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -222,6 +229,7 @@ async def local_broker(root: Path) -> AsyncIterator[Any]:
             "FLEET_SANDBOX_ROOT": str(root / "sandboxes"),
             "FLEET_SANDBOX_VOLUMES": str(root / "volumes"),
             "PYTHONUNBUFFERED": "1",
+            CREDENTIALS_ENV: str(credentials.seed_path("sandbox-broker")),
         }
         broker = await asyncio.to_thread(_start_broker, env, root / "broker.log")
         ping = verbs.ping("sandbox-broker")

@@ -20,7 +20,7 @@ from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.bootstrap import bootstrap
 from fleet_mesh.connection import connect
-from fleet_mesh.credentials import CREDENTIALS_DIR_ENV, CREDENTIALS_ENV, Credentials
+from fleet_mesh.credentials import env_for
 
 
 @dataclass
@@ -153,11 +153,7 @@ def base_env(nats_url: str, replica: str, role: str) -> dict[str, str]:
     }
     if ALLOW_ENV in os.environ:
         env[ALLOW_ENV] = os.environ[ALLOW_ENV]
-    if os.environ.get(CREDENTIALS_DIR_ENV):
-        env[CREDENTIALS_ENV] = str(
-            Credentials(Path(os.environ[CREDENTIALS_DIR_ENV])).seed_path(role)
-        )
-    return env
+    return env | env_for(role)
 
 
 def start_answering(

@@ -111,6 +111,16 @@ def _keypair(path: Path) -> Any:
         ) from None
 
 
+def env_for(role: str) -> dict[str, str]:
+    """`FLEET_NATS_CREDENTIALS` for a process of `role` this one starts, from the directory
+    `FLEET_NATS_CREDENTIALS_DIR` names (where this process's servers require those users);
+    nothing where there is none."""
+    directory = os.environ.get(CREDENTIALS_DIR_ENV)
+    if not directory:
+        return {}
+    return {CREDENTIALS_ENV: str(Credentials(Path(directory)).seed_path(role))}
+
+
 def connect_options(path: Path) -> dict[str, str]:
     """nats-py's `connect` arguments for a seed file: the seed and the role's inbox prefix."""
     role = check_file(path)

@@ -3,6 +3,7 @@ refuses, and the refusal is named. Every server of the suite runs with these use
 (conftest.py); here each role's own seed is used against one."""
 
 import asyncio
+import json
 import subprocess
 import sys
 import uuid
@@ -168,21 +169,37 @@ async def test_pulling_another_roles_work_queue_is_refused(
 async def test_a_client_without_credentials_is_refused_at_once(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(nats_server.url, allow_reconnect=False, connect_timeout=5)
+    # the server's own words, on the wire: a CONNECT naming no user is refused
+    reader, writer = await asyncio.open_connection("127.0.0.1", nats_server.port)
+    try:
+        info = json.loads((await reader.readline()).decode().removeprefix("INFO "))
+        assert info["auth_required"] is True
+        assert info["nonce"]  # an NKey user signs it
+        writer.write(b'CONNECT {"verbose":false,"protocol":1}\r\nPING\r\n')
+        await writer.drain()
+        assert (await reader.readline()).strip() == b"-ERR 'Authorization Violation'"
+    finally:
+        writer.close()
+        await writer.wait_closed()
     # fleet's own connect ends too (nats-py alone would retry a refused user for ever)
     monkeypatch.delenv(CREDENTIALS_ENV)
     with pytest.raises(PermissionRefused, match="it requires credentials"):
         await asyncio.wait_for(connect(nats_server.url, name="nobody"), 20)
 
 
-def test_a_service_started_with_another_roles_credentials_exits_naming_the_refused_subject(
-    nats_server: NatsServer,
+async def test_a_service_started_with_another_roles_credentials_exits_naming_the_refused_subject(
+    nats_server: NatsServer, as_role: AsRole
 ) -> None:
+    await bootstrap((await as_role(ADMIN)).jetstream())  # its buckets exist: it gets that far
     env = base_env(nats_server.url, "budget-0", "budget")
     env[CREDENTIALS_ENV] = str(_credentials(nats_server).seed_path("quality"))
-    done = subprocess.run(
-        [sys.executable, "-m", "fleet_budget"], env=env, capture_output=True, text=True, timeout=60
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "fleet_budget"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     output = done.stdout + done.stderr
     assert done.returncode != 0

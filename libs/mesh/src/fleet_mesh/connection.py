@@ -5,6 +5,7 @@ keeps trying, the first connection as well as later ones, every `reconnect_time_
 service started before its NATS cluster (compose) comes up when the cluster does.
 """
 
+import asyncio
 import contextlib
 import contextvars
 import logging
@@ -15,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import nats
 from nats.aio.client import Client
 
 from fleet_mesh.credentials import CREDENTIALS_ENV, connect_options
@@ -157,6 +157,7 @@ async def connect(
         servers, from_env, ca_env = settings.servers, settings.credentials, settings.ca
     seed = credentials or _CREDENTIALS.get() or from_env
     options: dict[str, Any] = dict(connect_options(seed)) if seed is not None else {}
+    options["reconnect_time_wait"] = 0.5
     trusted = ca or _CA.get() or ca_env
     if trusted is not None:
         options["tls"] = client_context(trusted)
@@ -195,15 +196,20 @@ async def connect(
         else:
             log.warning("NATS connection %s: %s", name, text)
 
-    nc = await nats.connect(
-        servers,
-        name=name,
-        connect_timeout=5,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        error_cb=on_error,
-        **options,
-    )
+    nc = Client()
+    try:
+        await nc.connect(
+            servers,
+            name=name,
+            connect_timeout=5,
+            max_reconnect_attempts=-1,
+            error_cb=on_error,
+            **options,  # and reconnect_time_wait, a float Client.connect's hints call an int
+        )
+    except PermissionRefused:  # raised out of `on_error`: nats-py left its socket open
+        with contextlib.suppress(Exception):  # (a close mid-handshake can wait: bounded)
+            await asyncio.wait_for(nc.close(), 2)
+        raise
     connected = True
     _REFUSED[nc] = refused
     try:

@@ -53,7 +53,7 @@ from fleet_harness.bench import Stats, side_by_side
 from fleet_harness.waits import eventually
 from fleet_mesh import rpc
 from fleet_mesh.connection import connect
-from fleet_mesh.credentials import env_for
+from fleet_mesh.credentials import CREDENTIALS_ENV, connect_options, env_for
 from fleet_mesh.natsserver import NatsServer
 
 RPC_SUBJECT = {"fleet_mesh": "bench.faststream.rpc.mesh", "faststream": "bench.faststream.rpc.fs"}
@@ -128,7 +128,17 @@ async def serve_until_terminated(url: str, runtime: str) -> None:
 def faststream_broker(url: str, name: str) -> NatsBroker:
     # Its access logger stays at INFO, so the per-message lines (at DEBUG) are off; the INFO
     # line its supervisor prints whenever a consumer task ends comes after any timing here.
-    return NatsBroker(url, name=name, serializer=MsgSpecSerializer(), log_level=logging.DEBUG)
+    # the same NATS user as this process's own connections (the bench's server may have users)
+    seed = os.environ.get(CREDENTIALS_ENV)
+    options = connect_options(Path(seed)) if seed else {}
+    return NatsBroker(
+        url,
+        name=name,
+        serializer=MsgSpecSerializer(),
+        log_level=logging.DEBUG,
+        nkeys_seed=options.get("nkeys_seed"),
+        inbox_prefix=options.get("inbox_prefix", "_INBOX"),
+    )
 
 
 def start_server_process(url: str, runtime: str, log: Path) -> subprocess.Popen[bytes]:

@@ -179,7 +179,9 @@ async def connect(
                     "process's <role>.nk"
                 )
             )
-        if not connected and isinstance(exc, ssl.SSLError):
+        # a certificate this client cannot trust is no server still starting; an EOF or a
+        # handshake cut short (a node restarting, a loaded machine) is, and is retried
+        if not connected and isinstance(exc, ssl.SSLCertVerificationError):
             raise PermissionRefused(
                 f"TLS to the NATS server failed for connection {name!r}: {exc}; "
                 + (

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet_events import bus, subjects
+from fleet_events.access import permission_markdown
 from fleet_events.asyncapi import asyncapi
 from fleet_events.ids import InvalidId
 
@@ -145,3 +146,8 @@ def test_the_asyncapi_document_describes_every_verb_and_resolves_every_ref() -> 
     grant = doc["operations"]["serve_fleet_rpc_budget_grant"]
     assert grant["messages"] == [{"$ref": "#/channels/fleet_rpc_budget_grant/messages/Grant"}]
     assert grant["reply"]["messages"] == [{"$ref": "#/channels/reply_inbox/messages/GrantReply"}]
+
+
+def test_the_permission_table_of_the_deployment_doc_is_current() -> None:
+    table = _section("permissions", ROOT / "docs" / "deployment.md")
+    assert table == permission_markdown(), "docs/deployment.md is stale: run scripts/catalog"

@@ -69,12 +69,13 @@ class Access:
         return tuple(v for v in bus.VERBS if v.service == self.role)
 
 
-def _channel(name: str) -> Channel:
-    return next(c for c in bus.CHANNELS if c.name == name)
-
-
-def _service_verbs(service: str) -> tuple[Verb[Any, Any], ...]:
-    return tuple(v for v in bus.VERBS if v.service == service and v.name != "ping")
+# Lookups the table below reads at import, built without calling this module's functions (so
+# mutation testing, which makes every function of the module fail on demand, can import it).
+_CHANNEL = {c.name: c for c in bus.CHANNELS}
+_SERVED = {
+    service: tuple(v for v in bus.VERBS if v.service == service and v.name != "ping")
+    for service in {v.service for v in bus.VERBS}
+}
 
 
 _PINGS = tuple(bus.PING.values())
@@ -88,8 +89,8 @@ ACCESS: dict[str, Access] = {
             bus.READ_VOLUME_FILE, bus.TEST_DAYTONA, bus.GET_SANDBOX, bus.DELETE_SANDBOX,
             bus.ARCHIVE_SANDBOX, bus.AGENT_STATUS, bus.TEST_LM, bus.PURGE_SESSION,
         ),
-        appends=(_channel("session-log"),),
-        listens=(_channel("live"),),
+        appends=(_CHANNEL["session-log"],),
+        listens=(_CHANNEL["live"],),
         watches=(streams.SESSIONS,),
         inspects=streams.STREAMS,
         reads=(streams.SESSIONS,),
@@ -102,15 +103,15 @@ ACCESS: dict[str, Access] = {
     "agent": Access(
         "agent",
         calls=(
-            *_service_verbs("budget"),
-            *_service_verbs(bus.CREATE_SANDBOX.service),
+            *_SERVED["budget"],
+            *_SERVED[bus.CREATE_SANDBOX.service],
             bus.AGENT_STATUS, bus.TEST_LM,
         ),
         appends=(
-            _channel("session-log"), _channel("session-run"), _channel("agent-turn"),
-            _channel("agent-child-run"), _channel("live"),
+            _CHANNEL["session-log"], _CHANNEL["session-run"], _CHANNEL["agent-turn"],
+            _CHANNEL["agent-child-run"], _CHANNEL["live"],
         ),
-        listens=(_channel("cell-output"),),
+        listens=(_CHANNEL["cell-output"],),
         watches=(streams.SESSIONS,),
         reads=(streams.SESSIONS,),
         pulls=(streams.TURN_DISPATCH, streams.TURN_WORKERS, streams.CHILD_RUN_WORKERS),
@@ -122,8 +123,8 @@ ACCESS: dict[str, Access] = {
         "sandbox-broker",
         # another replica's sandbox (a fork, a child built beside its parent), and the
         # interpreter owning a context: its tool calls and its cell's output
-        calls=(*_service_verbs(bus.CREATE_SANDBOX.service), bus.TOOL_CALL),
-        appends=(_channel("sandbox"), _channel("cell-output")),
+        calls=(*_SERVED[bus.CREATE_SANDBOX.service], bus.TOOL_CALL),
+        appends=(_CHANNEL["sandbox"], _CHANNEL["cell-output"]),
         reads=(streams.SANDBOXES, streams.SESSIONS),
         kv_reads=(streams.CONFIG, streams.SNAPSHOTS),
         kv_writes=(streams.SNAPSHOTS,),
@@ -131,7 +132,7 @@ ACCESS: dict[str, Access] = {
     ),
     "budget": Access(
         "budget",
-        appends=(_channel("budget-tree"), _channel("budget-tenant-day")),
+        appends=(_CHANNEL["budget-tree"], _CHANNEL["budget-tenant-day"]),
         reads=(streams.BUDGET,),
         kv_reads=(streams.SNAPSHOTS,),
         kv_writes=(streams.SNAPSHOTS,),
@@ -139,7 +140,7 @@ ACCESS: dict[str, Access] = {
     ),
     "quality": Access(
         "quality",
-        appends=(_channel("quality"),),
+        appends=(_CHANNEL["quality"],),
         reads=(streams.QUALITY,),
         kv_reads=(streams.SNAPSHOTS,),
         kv_writes=(streams.SNAPSHOTS,),
@@ -147,7 +148,7 @@ ACCESS: dict[str, Access] = {
     ),
     "checkpointer": Access(
         "checkpointer",
-        appends=(_channel("session-log"),),
+        appends=(_CHANNEL["session-log"],),
         reads=(streams.SESSIONS,),
         purges=(streams.SESSIONS,),
         kv_reads=(streams.SNAPSHOTS,),
